@@ -1,0 +1,145 @@
+"""``Outbox``: what an application holds to write messages in its own transactions."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import uuid
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from sqlalchemy import Connection, Engine, insert
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox.config import Settings, check_broker_url, engine_from, mask_url
+from outbox.errors import ConfigError, WrongDatabase
+from outbox.message import Message, build_message
+from outbox.table import outbox_message
+from outbox.tracking import tracker_for
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+log = logging.getLogger("outbox")
+
+
+class Outbox:
+    """Writes messages into ``outbox_message`` inside the caller's transaction.
+
+    Delivery is at least once: a committed message is published (by the in-process
+    relay or, after a crash, by a sweeper), and a message whose transaction rolled
+    back is never published. A crash between publishing and marking the row sent
+    publishes it again; consumers deduplicate by ``msg_id``.
+
+    ``db`` is a SQLAlchemy URL or the app's own Engine. ``broker`` is a broker URL
+    (``nats://``, ``amqp://``, ``redis://``), or None when another process relays.
+    Options (see ``outbox.config.Settings``): ``max_payload_bytes``, ``mark_mode``.
+    """
+
+    def __init__(
+        self,
+        db: str | Engine,
+        broker: str | None = None,
+        *,
+        session_factory: sessionmaker[Session] | None = None,
+        **options: Any,
+    ) -> None:
+        self.settings = Settings.from_options(options)
+        self.broker_url = check_broker_url(broker)
+        self.engine = engine_from(db)
+        self.session_factory = session_factory or sessionmaker(self.engine)
+        self._current: ContextVar[Session | None] = ContextVar("outbox_session", default=None)
+        self.handed_off = 0  # committed messages handed to the relay
+
+    def __repr__(self) -> str:
+        db = mask_url(self.engine.url.render_as_string(hide_password=True))
+        return f"Outbox(db={db!r}, broker={self.broker_url and mask_url(self.broker_url)!r})"
+
+    def send(
+        self,
+        session: Session,
+        topic: str,
+        payload: object,
+        *,
+        key: str | None = None,
+        tags: str | list[str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> str:
+        """Write one message in ``session``'s transaction and return its msg_id (UUIDv7).
+
+        Input is checked before any SQL runs: an ``outbox.errors.InvalidMessage``
+        leaves the transaction as it was. The message is published only after the
+        transaction commits; a rollback (of it, or of the savepoint it was sent in)
+        discards it.
+        """
+        self._check_session(session)
+        message = build_message(
+            topic,
+            payload,
+            key=key,
+            tags=tags,
+            headers=headers,
+            max_payload_bytes=self.settings.max_payload_bytes,
+        )
+        session.execute(insert(outbox_message).values(row_values(message)))
+        tracker_for(session, self, self._on_commit).add(session, message)
+        return message.msg_id
+
+    def transactional(self, fn: Callable[Concatenate[Session, P], R]) -> Callable[P, R]:
+        """Run ``fn(session, ...)`` in a new transaction: commit on return, roll back on error.
+
+        A decorated call made while another one is running in the same thread (or
+        asyncio task) joins the outer transaction instead of opening its own.
+        """
+        if inspect.iscoroutinefunction(fn):
+            raise ConfigError("transactional: async functions are not supported; use a sync one")
+
+        @functools.wraps(fn)
+        def run_in_transaction(*args: P.args, **kwargs: P.kwargs) -> R:
+            outer = self._current.get()
+            if outer is not None:
+                return fn(outer, *args, **kwargs)
+            with self.session_factory() as session:
+                token = self._current.set(session)
+                try:
+                    with session.begin():
+                        return fn(session, *args, **kwargs)
+                finally:
+                    self._current.reset(token)
+
+        return run_in_transaction
+
+    def start(self) -> None:
+        """Start the in-process relay (a no-op until the relay exists)."""
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the in-process relay; what it could not publish stays for the sweeper."""
+
+    def _on_commit(self, messages: list[Message]) -> None:
+        self.handed_off += len(messages)
+
+    def _check_session(self, session: Session) -> None:
+        if not isinstance(session, Session):
+            raise ConfigError(
+                f"session: must be a sqlalchemy.orm.Session, got {type(session).__name__}"
+            )
+        bind = session.get_bind(clause=outbox_message)
+        engine = bind.engine if isinstance(bind, Connection) else bind
+        if engine is not self.engine and engine.url != self.engine.url:
+            raise WrongDatabase(
+                f"session: bound to {engine.url.render_as_string(hide_password=True)}, "
+                f"but this outbox writes to {self.engine.url.render_as_string(hide_password=True)}"
+            )
+
+
+def row_values(message: Message) -> dict[str, Any]:
+    return {
+        "msg_id": uuid.UUID(message.msg_id),
+        "topic": message.topic,
+        "tags": message.tags,
+        "key": message.key,
+        "headers": message.headers or None,
+        "payload": message.payload,
+    }

@@ -1,0 +1,53 @@
+"""Exceptions raised by the outbox.
+
+Everything the library raises on purpose is an :class:`OutboxError`. Input errors
+carry the offending ``field`` and the ``rule`` it broke, and are raised by
+``Outbox.send()`` before any SQL runs, so the caller's transaction stays usable.
+"""
+
+from __future__ import annotations
+
+
+class OutboxError(Exception):
+    """Base class of every error the outbox raises on purpose."""
+
+
+class ConfigError(OutboxError, ValueError):
+    """A constructor argument, URL or CLI flag is not acceptable."""
+
+
+class InvalidMessage(OutboxError, ValueError):
+    """A message given to ``send()`` breaks a rule; nothing was written."""
+
+    def __init__(self, field: str, rule: str) -> None:
+        self.field = field
+        self.rule = rule
+        super().__init__(f"{field}: {rule}")
+
+
+class InvalidTopic(InvalidMessage):
+    """The topic is empty or not a valid subject for the broker."""
+
+
+class InvalidPayload(InvalidMessage):
+    """The payload cannot be serialised to bytes."""
+
+
+class PayloadTooLarge(InvalidMessage):
+    """The serialised payload is above ``max_payload_bytes``."""
+
+
+class InvalidHeaders(InvalidMessage):
+    """A header name or value is not an acceptable string."""
+
+
+class InvalidKey(InvalidMessage):
+    """The ordering key is not an acceptable string."""
+
+
+class InvalidTags(InvalidMessage):
+    """A tag is not an acceptable string."""
+
+
+class WrongDatabase(OutboxError):
+    """The session passed to ``send()`` is bound to another database than the outbox's."""

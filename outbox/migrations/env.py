@@ -1,0 +1,66 @@
+"""Alembic environment for the tables the outbox owns.
+
+Its version table is ``outbox_alembic_version`` so that it never meets the app's own
+Alembic history in the same database.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alembic import context
+from sqlalchemy import Connection, create_engine, text
+from sqlalchemy.pool import NullPool
+
+from outbox.migrate import VERSION_TABLE
+from outbox.table import metadata
+
+# Any number taken only by us; serialises concurrent `outbox migrate` runs on PostgreSQL.
+PG_LOCK_KEY = 0x0B0C5_2024
+
+
+def include_object(
+    obj: object, name: str | None, type_: str, reflected: bool, compare_to: object
+) -> bool:
+    """Look only at our own tables: the app's tables live in the same database."""
+    if type_ == "table":
+        return name in metadata.tables
+    return True
+
+
+def configure(**kw: Any) -> None:
+    context.configure(
+        target_metadata=metadata,
+        version_table=VERSION_TABLE,
+        include_object=include_object,
+        compare_type=True,
+        **kw,
+    )
+
+
+def run_online(connection: Connection) -> None:
+    configure(connection=connection, render_as_batch=connection.dialect.name == "sqlite")
+    with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PG_LOCK_KEY})
+        context.run_migrations()
+
+
+def main() -> None:
+    config = context.config
+    if context.is_offline_mode():
+        configure(url=config.get_main_option("sqlalchemy.url"), literal_binds=True)
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        run_online(connection)
+        return
+    engine = create_engine(config.get_main_option("sqlalchemy.url") or "", poolclass=NullPool)
+    with engine.connect() as conn:
+        run_online(conn)
+        conn.commit()
+
+
+main()

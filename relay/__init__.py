@@ -1,0 +1,1 @@
+"""How committed messages reach the broker: dispatcher, time wheel, sweeper, brokers."""

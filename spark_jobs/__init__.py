@@ -1,0 +1,1 @@
+"""PySpark reconciliation and model-comparison jobs."""

@@ -1,0 +1,66 @@
+"""Shared fixtures: every test gets its own PostgreSQL schema or SQLite file.
+
+PostgreSQL is required: a test that needs it fails (it is never skipped) when the
+server at OUTBOX_TEST_PG is down. `make test` starts it first.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from outbox import migrate
+
+PG_URL = os.environ.get("OUTBOX_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+MARIADB_URL = os.environ.get("OUTBOX_TEST_MARIADB", "mysql+pymysql://root@127.0.0.1:3306/test")
+
+
+def schema_url(base: str, schema: str) -> str:
+    """A URL whose connections see only `schema` (PostgreSQL search_path)."""
+    return (
+        make_url(base)
+        .update_query_dict({"options": f"-csearch_path={schema}"})
+        .render_as_string(hide_password=False)
+    )
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """An empty PostgreSQL schema of this test's own, dropped afterwards."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_URL, poolclass=NullPool)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield schema_url(PG_URL, schema)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: os.PathLike[str]) -> str:
+    return f"sqlite:///{tmp_path}/outbox.sqlite"
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """An empty database of each supported kind."""
+    name = "pg_url" if request.param == "postgresql" else "sqlite_url"
+    return str(request.getfixturevalue(name))
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    """A migrated database of each kind."""
+    eng = create_engine(db_url)
+    migrate.upgrade(eng)
+    yield eng
+    eng.dispose()

@@ -1,0 +1,194 @@
+"""The migrations create the schema outbox/table.py describes, on every supported database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.pool import NullPool
+
+from outbox import migrate
+from outbox.table import metadata
+from tests.conftest import MARIADB_URL
+
+ROOT = Path(__file__).resolve().parents[2]
+OUTBOX_TABLES = {"outbox_message", migrate.VERSION_TABLE}
+
+
+@pytest.fixture
+def mariadb_url() -> Iterator[str]:
+    """A MariaDB database of this test's own."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(MARIADB_URL, poolclass=NullPool)
+    with admin.begin() as conn:
+        conn.execute(text(f"CREATE DATABASE `{name}`"))
+    try:
+        yield MARIADB_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP DATABASE `{name}`"))
+        admin.dispose()
+
+
+@pytest.fixture(params=["postgresql", "sqlite", "mariadb"])
+def any_db(request: pytest.FixtureRequest) -> str:
+    fixture = {"postgresql": "pg_url", "sqlite": "sqlite_url", "mariadb": "mariadb_url"}
+    return str(request.getfixturevalue(fixture[request.param]))
+
+
+def tables(url: str) -> set[str]:
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def schema_diff(url: str) -> list[object]:
+    engine = create_engine(url, poolclass=NullPool)
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn, opts={"compare_type": True, "version_table": migrate.VERSION_TABLE}
+        )
+        diff = compare_metadata(context, metadata)
+    engine.dispose()
+    return [d for d in diff if not (d[0] == "remove_table" and d[1].name == migrate.VERSION_TABLE)]
+
+
+def test_upgrade_downgrade_upgrade(any_db: str) -> None:
+    migrate.upgrade(any_db)
+    assert tables(any_db) == OUTBOX_TABLES
+    assert migrate.current_revision(any_db) == "0001"
+    migrate.downgrade(any_db)
+    assert tables(any_db) == {migrate.VERSION_TABLE}
+    assert migrate.current_revision(any_db) is None
+    migrate.upgrade(any_db)
+    assert tables(any_db) == OUTBOX_TABLES
+
+
+def test_models_and_migrated_schema_agree(any_db: str) -> None:
+    migrate.upgrade(any_db)
+    assert schema_diff(any_db) == []
+
+
+def test_diff_check_can_fail(sqlite_url: str) -> None:
+    """Guards the test above: a schema missing an index must show up as a difference."""
+    migrate.upgrade(sqlite_url)
+    engine = create_engine(sqlite_url, poolclass=NullPool)
+    with engine.begin() as conn:
+        conn.execute(text("DROP INDEX ix_outbox_message_pending"))
+    engine.dispose()
+    assert [d[0] for d in schema_diff(sqlite_url)] == ["add_index"]  # type: ignore[index]
+
+
+def test_upgrade_leaves_app_tables_alone(pg_url: str) -> None:
+    engine = create_engine(pg_url, poolclass=NullPool)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE app_orders (id int primary key)"))
+        conn.execute(text("CREATE TABLE alembic_version (version_num varchar(32) primary key)"))
+        conn.execute(text("INSERT INTO alembic_version VALUES ('app_rev_1')"))
+    migrate.upgrade(pg_url)
+    with engine.connect() as conn:
+        assert (
+            conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
+            == "app_rev_1"
+        )
+    engine.dispose()
+    assert tables(pg_url) == OUTBOX_TABLES | {"app_orders", "alembic_version"}
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    outbox = Path(sys.executable).with_name("outbox")
+    return subprocess.run(
+        [str(outbox), *args], capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+
+
+def test_cli_migrate_is_idempotent(pg_url: str) -> None:
+    first = run_cli("migrate", "--db", pg_url)
+    assert first.returncode == 0, first.stderr
+    assert "outbox schema at 0001" in first.stdout
+    second = run_cli("migrate", "--db", pg_url)
+    assert second.returncode == 0, second.stderr
+    assert tables(pg_url) == OUTBOX_TABLES
+
+
+def test_cli_migrate_reads_outbox_db(sqlite_url: str) -> None:
+    done = run_cli("migrate", env={**os.environ, "OUTBOX_DB": sqlite_url})
+    assert done.returncode == 0, done.stderr
+    assert tables(sqlite_url) == OUTBOX_TABLES
+
+
+def test_cli_migrate_errors_are_one_clear_line() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OUTBOX_DB"}
+    missing = run_cli("migrate", env=env)
+    assert missing.returncode == 2 and "--db is required" in missing.stderr
+    down = run_cli("migrate", "--db", "postgresql+psycopg://u:s3cret@127.0.0.1:1/x", env=env)
+    assert down.returncode == 1
+    assert down.stderr.startswith("outbox migrate: OperationalError")
+    assert "Traceback" not in down.stderr and "s3cret" not in down.stderr
+    bad = run_cli("migrate", "--db", "nosuchdb://x", env=env)
+    assert bad.returncode == 1 and "db: cannot use" in bad.stderr
+
+
+def test_cli_migrate_sql_prints_ddl() -> None:
+    done = run_cli("migrate", "--db", "postgresql+psycopg://x@localhost/y", "--sql")
+    assert done.returncode == 0, done.stderr
+    assert "CREATE TABLE outbox_message" in done.stdout
+    assert "WHERE status = 'pending'" in done.stdout
+
+
+def test_migrate_works_from_a_wheel(tmp_path: Path, sqlite_url: str) -> None:
+    """Built and installed as a wheel, away from the checkout, `outbox migrate` still works."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    [wheel] = tmp_path.glob("outbox_relay-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for shipped in ("env.py", "script.py.mako", "versions/0001_outbox_message.py"):
+        assert f"outbox/migrations/{shipped}" in names
+    target = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "-q",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    code = (
+        "import outbox, sys; from outbox.cli import main;"
+        f"assert outbox.__file__.startswith({str(target)!r}), outbox.__file__;"
+        f"sys.exit(main(['migrate', '--db', {sqlite_url!r}]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(target)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert tables(sqlite_url) == OUTBOX_TABLES

@@ -1,0 +1,36 @@
+"""The README's usage example runs as written."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_usage_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    [example] = python_blocks()
+    scope: dict[str, object] = {}
+    exec(compile(example, "README.md", "exec"), scope)
+    assert uuid.UUID(str(scope["msg_id"])).version == 7
+    engine = create_engine("sqlite:///shop.sqlite")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT sku, qty FROM inbound")).all() == [("A-1", 3)]
+        topic, key = conn.execute(text("SELECT topic, key FROM outbox_message")).one()
+    assert (topic, key) == ("warehouse.inbound", "A-1")
+    engine.dispose()
+
+
+def test_readme_names_the_two_commands() -> None:
+    text_ = README.read_text()
+    assert text_.index("make demo") < text_.index("## Use")
+    assert "make test" in text_
