@@ -8,7 +8,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, insert
 from sqlalchemy.orm import Session, sessionmaker
@@ -18,6 +18,9 @@ from outbox.errors import ConfigError, WrongDatabase
 from outbox.message import Message, build_message
 from outbox.table import outbox_message
 from outbox.tracking import tracker_for
+
+if TYPE_CHECKING:  # the relay is imported when it starts: relay modules import outbox
+    from relay.dispatcher import Dispatcher, Stats
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -48,10 +51,14 @@ class Outbox:
     ) -> None:
         self.settings = Settings.from_options(options)
         self.broker_url = check_broker_url(broker)
+        self._owns_engine = not isinstance(db, Engine)
         self.engine = engine_from(db)
         self.session_factory = session_factory or sessionmaker(self.engine)
         self._current: ContextVar[Session | None] = ContextVar("outbox_session", default=None)
-        self.handed_off = 0  # committed messages handed to the relay
+        self._dispatcher: Dispatcher | None = None
+        self._stats: Stats | None = None
+        self.committed = 0  # messages whose transaction committed, seen by this process
+        self.handed_off = 0  # of those, taken by the in-process relay
 
     def __repr__(self) -> str:
         db = mask_url(self.engine.url.render_as_string(hide_password=True))
@@ -111,14 +118,50 @@ class Outbox:
 
         return run_in_transaction
 
+    @property
+    def stats(self) -> Stats | None:
+        """Counters of the in-process relay (kept after stop), or None before start."""
+        return self._stats
+
     def start(self) -> None:
-        """Start the in-process relay (a no-op until the relay exists)."""
+        """Start the in-process relay: committed messages are published from memory.
+
+        Needs ``broker``. Returns at once, even while the broker is unreachable: the
+        relay keeps connecting in the background and the sweeper covers the gap.
+        """
+        if self._dispatcher is not None:
+            return
+        if self.broker_url is None:
+            raise ConfigError("broker: start() needs a broker URL, e.g. nats://127.0.0.1:4222")
+        from relay.acks import sql_finisher
+        from relay.brokers import broker_for
+        from relay.dispatcher import Dispatcher
+
+        dispatcher = Dispatcher(
+            broker_for(self.broker_url),
+            sql_finisher(self.engine, self.settings.mark_mode),
+            self.settings,
+        )
+        dispatcher.start()
+        self._dispatcher, self._stats = dispatcher, dispatcher.stats
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the in-process relay; what it could not publish stays for the sweeper."""
+        """Stop the relay: no new work; in-flight publishes and acks finish within ``timeout``.
+
+        Anything not yet published stays pending in the table for the sweeper. The
+        relay's thread and broker connection are gone when this returns, and so are
+        the pooled DB connections when the outbox created its engine itself.
+        """
+        dispatcher, self._dispatcher = self._dispatcher, None
+        if dispatcher is not None:
+            dispatcher.stop(timeout)
+        if self._owns_engine:
+            self.engine.dispose()
 
     def _on_commit(self, messages: list[Message]) -> None:
-        self.handed_off += len(messages)
+        self.committed += len(messages)
+        if self._dispatcher is not None:
+            self.handed_off += self._dispatcher.submit(messages)
 
     def _check_session(self, session: Session) -> None:
         if not isinstance(session, Session):

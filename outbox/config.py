@@ -12,8 +12,17 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from outbox.errors import ConfigError
 
+RETRY_DELAYS_MS = (0, 5, 10, 25, 50, 100, 200, 300, 500, 800, 1000, 1000, 1000)
 BROKER_SCHEMES = ("nats", "amqp", "amqps", "redis", "rediss", "memory")
 MARK_MODES = ("keep", "delete")
+INT_OPTIONS = (
+    "max_payload_bytes",
+    "queue_size",
+    "publish_batch",
+    "max_in_flight",
+    "ack_batch_size",
+)
+TIME_OPTIONS = ("tick_ms", "ack_flush_ms", "handoff_limit_s", "sweeper_age_s")
 
 
 @dataclass(frozen=True)
@@ -23,12 +32,36 @@ class Settings:
     max_payload_bytes: int = 1024 * 1024
     # keep: mark rows sent and keep them for the reconciliation ledger; delete: remove them.
     mark_mode: str = "keep"
+    # The fast path (relay.dispatcher).
+    queue_size: int = 10_000  # msgQueue bound; past it, messages wait for the sweeper
+    retry_delays_ms: tuple[float, ...] = RETRY_DELAYS_MS  # the attempts of one message
+    tick_ms: float = 5.0  # time wheel resolution
+    handoff_limit_s: float = 8.0  # older messages are left to the sweeper
+    sweeper_age_s: float = 10.0  # the sweeper takes pending rows older than this
+    publish_batch: int = 256  # messages handed to the broker adapter at once
+    max_in_flight: int = 2048  # messages published and not yet answered
+    ack_batch_size: int = 256  # acks marked by one statement at most
+    ack_flush_ms: float = 5.0  # an ack waits at most this long to be marked
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_payload_bytes, int) or self.max_payload_bytes < 1:
-            raise ConfigError("max_payload_bytes: must be a positive integer")
+        for name in INT_OPTIONS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
+        for name in TIME_OPTIONS:
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name}: must be a positive number, got {value!r}")
         if self.mark_mode not in MARK_MODES:
             raise ConfigError(f"mark_mode: must be one of {', '.join(MARK_MODES)}")
+        delays = self.retry_delays_ms
+        if not delays or any(not isinstance(d, int | float) or d < 0 for d in delays):
+            raise ConfigError("retry_delays_ms: must be a non-empty sequence of delays >= 0")
+        object.__setattr__(self, "retry_delays_ms", tuple(delays))
+        if self.handoff_limit_s >= self.sweeper_age_s:
+            raise ConfigError(
+                "handoff_limit_s: must be below sweeper_age_s, or fast path and sweeper race"
+            )
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> Settings:

@@ -74,7 +74,7 @@ def test_commit_writes_one_row_with_every_field(ob: Outbox, engine: Engine) -> N
         <= created
         <= datetime.now(UTC) + timedelta(seconds=5)
     )
-    assert ob.handed_off == 1
+    assert ob.committed == 1
 
 
 def test_rollback_leaves_nothing(ob: Outbox, engine: Engine) -> None:
@@ -82,7 +82,7 @@ def test_rollback_leaves_nothing(ob: Outbox, engine: Engine) -> None:
         ob.send(session, "warehouse.inbound", b"gone")
         session.rollback()
     assert rows(engine) == []
-    assert ob.handed_off == 0
+    assert ob.committed == 0
 
 
 def test_closing_without_commit_hands_nothing_to_a_later_commit(ob: Outbox, engine: Engine) -> None:
@@ -94,7 +94,7 @@ def test_closing_without_commit_hands_nothing_to_a_later_commit(ob: Outbox, engi
         ob.send(session, "warehouse.inbound", b"kept")
     session.close()
     assert [r["payload"] for r in rows(engine)] == [b"kept"]
-    assert ob.handed_off == 1
+    assert ob.committed == 1
 
 
 def test_savepoint_rollback_drops_only_its_messages(ob: Outbox, engine: Engine) -> None:
@@ -106,7 +106,7 @@ def test_savepoint_rollback_drops_only_its_messages(ob: Outbox, engine: Engine) 
         ob.send(session, "warehouse.inbound", b"rolled-back")
         savepoint.rollback()
     assert sorted(r["payload"] for r in rows(engine)) == [b"outer", b"released"]  # type: ignore[type-var]
-    assert ob.handed_off == 2, "the rolled-back savepoint's message must not reach the relay"
+    assert ob.committed == 2, "the rolled-back savepoint's message must not reach the relay"
 
 
 def test_exception_in_decorated_handler_leaves_no_row(ob: Outbox, engine: Engine) -> None:
@@ -120,7 +120,7 @@ def test_exception_in_decorated_handler_leaves_no_row(ob: Outbox, engine: Engine
         receive("A-1")
     assert count(engine, inbound) == 0
     assert rows(engine) == []
-    assert ob.handed_off == 0
+    assert ob.committed == 0
 
 
 def test_decorated_handler_commits_on_return(ob: Outbox, engine: Engine) -> None:
@@ -182,7 +182,7 @@ def test_threads_send_unique_messages(ob: Outbox, engine: Engine) -> None:
     found = rows(engine)
     assert len(found) == 1000
     assert len({r["msg_id"] for r in found}) == 1000
-    assert ob.handed_off == 1000
+    assert ob.committed == 1000
 
 
 BAD_INPUTS = [

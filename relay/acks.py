@@ -1,0 +1,89 @@
+"""Group commit for broker acknowledgements: many acks, one statement.
+
+An ack waits at most ``flush_ms`` (or until ``batch_size`` acks are waiting) before
+its row is marked. If marking fails the row simply stays pending and the sweeper
+publishes it again later: a duplicate, never a loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from relay import store
+
+log = logging.getLogger("relay.acks")
+
+Finish = Callable[[Sequence[tuple[str, str]]], int]
+RETRY_DELAYS_S = (0.0, 0.05, 0.2)  # a terminated connection is replaced by the second try
+
+
+def sql_finisher(engine: Engine, mode: str) -> Finish:
+    def finish(acks: Sequence[tuple[str, str]]) -> int:
+        with engine.begin() as conn:
+            return store.finish(conn, acks, mode)
+
+    return finish
+
+
+class AckBatcher:
+    """Collects (msg_id, receipt) pairs on the relay loop; writes them from one DB thread."""
+
+    def __init__(self, finish: Finish, batch_size: int = 256, flush_ms: float = 5.0) -> None:
+        self._finish = finish
+        self.batch_size = batch_size
+        self.flush_s = flush_ms / 1000
+        self._waiting: list[tuple[str, str]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
+        self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-acks")
+        self.statements = 0  # statements run (one per batch, more only on retries)
+        self.marked = 0  # rows changed
+        self.failed = 0  # acks whose rows could not be marked (left for the sweeper)
+
+    def add(self, msg_id: str, receipt: str) -> None:
+        self._waiting.append((msg_id, receipt))
+        if len(self._waiting) >= self.batch_size:
+            self._flush_now()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.flush_s, self._flush_now)
+
+    def _flush_now(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._waiting:
+            return
+        batch, self._waiting = self._waiting, []
+        task = asyncio.get_running_loop().create_task(self._write(batch))
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def _write(self, batch: list[tuple[str, str]]) -> None:
+        loop = asyncio.get_running_loop()
+        for delay in RETRY_DELAYS_S:
+            await asyncio.sleep(delay)
+            self.statements += 1
+            try:
+                self.marked += await loop.run_in_executor(self._db, self._finish, batch)
+                return
+            except SQLAlchemyError as exc:
+                log.warning(
+                    "marking %d acked message(s) failed: %s", len(batch), exc.__class__.__name__
+                )
+        self.failed += len(batch)
+        log.error("gave up marking %d acked message(s); the sweeper will resend them", len(batch))
+
+    async def drain(self) -> None:
+        """Write everything waiting and wait for writes in progress."""
+        self._flush_now()
+        while self._flushes:
+            await asyncio.gather(*list(self._flushes))
+
+    def close(self) -> None:
+        self._db.shutdown(wait=True)

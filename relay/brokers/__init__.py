@@ -1,0 +1,29 @@
+"""Broker adapters behind one protocol; the URL's scheme picks the adapter."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from outbox.config import mask_url
+from outbox.errors import ConfigError
+from relay.brokers.base import Broker, Outcome, PublishResult
+
+__all__ = ["Broker", "Outcome", "PublishResult", "broker_for"]
+
+
+def broker_for(url: str) -> Broker:
+    """A not yet connected adapter for ``url`` (``nats://``; ``memory://`` in tests)."""
+    scheme = urlsplit(url).scheme
+    if scheme in ("nats", "tls"):
+        try:
+            from relay.brokers.nats import NatsBroker
+        except ImportError:
+            raise ConfigError(
+                "broker: nats:// needs the 'nats' extra: pip install 'outbox-relay[nats]'"
+            ) from None
+        return NatsBroker(url)
+    if scheme == "memory":
+        from relay.brokers.memory import MemoryBroker
+
+        return MemoryBroker()
+    raise ConfigError(f"broker: no adapter for {mask_url(url)!r}")

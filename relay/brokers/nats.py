@@ -1,0 +1,165 @@
+"""NATS JetStream adapter.
+
+Mapping: topic -> subject; msg_id -> ``Nats-Msg-Id`` (the server drops a second
+copy inside the stream's duplicate window, 2 minutes by default); key and tags ->
+``Outbox-Key`` / ``Outbox-Tags`` headers; receipt -> ``<stream>:<sequence>``.
+
+URL: ``nats://[user:pass@]host:port[?stream=NAME&subjects=a.>,b.>&timeout=2]``.
+With ``stream`` and ``subjects`` the stream is created on connect if it is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from urllib.parse import parse_qs, urlsplit
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import RawStreamMsg
+
+from outbox.config import mask_url
+from outbox.errors import ConfigError
+from outbox.message import Message
+from relay.brokers.base import Broker, PublishResult, ok, permanent, relay_headers, retry
+
+log = logging.getLogger("relay.brokers.nats")
+
+DEDUP_HEADER = "Nats-Msg-Id"
+
+# Failures that will not go away by publishing the same message again.
+PERMANENT_ERRORS = (
+    nats.errors.MaxPayloadError,
+    nats.errors.BadSubjectError,
+    nats.errors.BadHeaderError,
+    nats.js.errors.BadRequestError,
+)
+
+
+class NatsBroker(Broker):
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        query = parse_qs(parts.query)
+        self.url = parts._replace(query="").geturl()
+        self.stream = _one(query, "stream")
+        subjects = _one(query, "subjects")
+        self.subjects = subjects.split(",") if subjects else []
+        if bool(self.stream) != bool(self.subjects):
+            raise ConfigError(
+                "broker: give both 'stream' and 'subjects' to create a stream, or neither"
+            )
+        try:
+            self.timeout = float(_one(query, "timeout") or 2.0)
+        except ValueError:
+            raise ConfigError("broker: 'timeout' must be a number of seconds") from None
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._closing = False
+
+    async def connect(self) -> None:
+        self._nc = await nats.connect(
+            servers=[self.url],
+            name="outbox-relay",
+            connect_timeout=2,
+            reconnect_time_wait=0.2,
+            max_reconnect_attempts=-1,  # keep trying: messages wait in the time wheel meanwhile
+            error_cb=self._on_error,
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
+        )
+        self._js = self._nc.jetstream(timeout=self.timeout)
+        if self.stream:
+            await self.ensure_stream(self.stream, self.subjects)
+
+    async def ensure_stream(self, name: str, subjects: list[str]) -> None:
+        """Create the stream if missing; an existing one is left as it is."""
+        assert self._js is not None, "connect() first"
+        try:
+            await self._js.stream_info(name)
+        except nats.js.errors.NotFoundError:
+            await self._js.add_stream(name=name, subjects=subjects)
+            log.info("created JetStream stream %s for %s", name, ",".join(subjects))
+
+    async def publish(self, messages: Sequence[Message]) -> list[PublishResult]:
+        if self._js is None or self._nc is None or self._nc.is_closed:
+            return [retry("not connected") for _ in messages]
+        return list(await asyncio.gather(*(self._publish_one(m) for m in messages)))
+
+    async def _publish_one(self, message: Message) -> PublishResult:
+        assert self._js is not None
+        headers = relay_headers(message)
+        headers[DEDUP_HEADER] = message.msg_id
+        try:
+            ack = await self._js.publish(message.topic, message.payload, headers=headers)
+        except PERMANENT_ERRORS as exc:
+            return permanent(f"{type(exc).__name__}: {exc}")
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            return retry(f"{type(exc).__name__}: {exc}")
+        return ok(f"{ack.stream}:{ack.seq}", duplicate=bool(ack.duplicate))
+
+    async def close(self) -> None:
+        nc, self._nc, self._js = self._nc, None, None
+        self._closing = True
+        if nc is not None and not nc.is_closed:
+            await nc.close()
+
+    async def _on_error(self, exc: Exception) -> None:
+        log.warning("nats %s: %s", mask_url(self.url), exc)
+
+    async def _on_disconnected(self) -> None:
+        if not self._closing:
+            log.warning("nats %s: disconnected", mask_url(self.url))
+
+    async def _on_reconnected(self) -> None:
+        log.info("nats %s: reconnected", mask_url(self.url))
+
+
+def _one(query: dict[str, list[str]], name: str) -> str | None:
+    values = query.get(name)
+    return values[-1] if values else None
+
+
+async def read_stream(url: str, stream: str) -> list[StoredMessage]:
+    """Every message the stream holds, in sequence order (for checks and exports)."""
+    nc = await nats.connect(servers=[url], name="outbox-reader", connect_timeout=2)
+    try:
+        js = nc.jetstream(timeout=5)
+        state = (await js.stream_info(stream)).state
+        found: list[StoredMessage] = []
+        for start in range(state.first_seq, state.last_seq + 1, 256):
+            stop = min(start + 256, state.last_seq + 1)
+            chunk = await asyncio.gather(
+                *(js.get_msg(stream, seq) for seq in range(start, stop)), return_exceptions=True
+            )
+            found += [StoredMessage.of(raw) for raw in chunk if not isinstance(raw, BaseException)]
+        return found
+    finally:
+        await nc.close()
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    msg_id: str | None
+    subject: str
+    seq: int
+    time: datetime | None
+    headers: dict[str, str]
+    data: bytes
+
+    @classmethod
+    def of(cls, raw: RawStreamMsg) -> StoredMessage:
+        headers = dict(raw.headers or {})
+        return cls(
+            headers.get(DEDUP_HEADER),
+            raw.subject or "",
+            raw.seq or 0,
+            raw.time,
+            headers,
+            raw.data or b"",
+        )

@@ -1,0 +1,279 @@
+"""The fast path: committed messages go from memory to the broker within milliseconds.
+
+After COMMIT the app thread hands its messages to ``submit`` (never blocking: when
+msgQueue is full they stay in the table for the sweeper). One background thread runs
+an asyncio loop that keeps many publishes in flight; an ack goes to the AckBatcher, a
+retryable failure to the TimeWheel for its next attempt. When the retry schedule is
+spent, or a message is older than the hand-off limit, it leaves memory and waits in
+the table for the sweeper, which only takes rows older than its own threshold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from outbox.config import Settings
+from outbox.message import Message
+from relay.acks import AckBatcher, Finish
+from relay.brokers import Broker
+from relay.brokers.base import Outcome, PublishResult
+from relay.timewheel import TimeWheel
+
+log = logging.getLogger("relay.dispatcher")
+
+
+@dataclass(slots=True)
+class Delivery:
+    message: Message
+    committed: float  # clock() at commit: the start of commit->ack latency
+    attempt: int = 0  # index into retry_delays_ms of the attempt being made
+
+
+@dataclass
+class Stats:
+    """Counters of one dispatcher; read them from any thread."""
+
+    accepted: int = 0
+    queue_full: int = 0  # left in the table because msgQueue was full
+    published: int = 0
+    first_attempt: int = 0  # acked on the first attempt
+    retried: int = 0
+    exhausted: int = 0  # retry schedule spent: left for the sweeper
+    too_old: int = 0  # past the hand-off limit: left for the sweeper
+    rejected: int = 0  # permanent broker error: left for the sweeper to dead-letter
+    duplicates: int = 0  # the broker reported it already held the msg_id
+    dropped_at_stop: int = 0
+    latencies: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=100_000)
+    )
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        broker: Broker,
+        finish: Finish,
+        settings: Settings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.broker = broker
+        self.settings = settings or Settings()
+        self.stats = Stats()
+        self._clock = clock
+        self._finish = finish
+        self._queued = 0  # messages submitted and not yet taken by the loop
+        self._count_lock = threading.Lock()
+        self._accepting = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+
+    # -- app threads --------------------------------------------------------------
+
+    def submit(self, messages: Sequence[Message]) -> int:
+        """Queue committed messages for publishing; returns how many were taken.
+
+        Never blocks: a message not taken (queue full, relay stopped) is still in the
+        table and the sweeper will publish it.
+        """
+        loop = self._loop
+        with self._count_lock:
+            room = self.settings.queue_size - self._queued
+            taken = (
+                len(messages)
+                if self._accepting and loop is not None and room >= len(messages)
+                else 0
+            )
+            self._queued += taken
+        if taken == 0:
+            if self._accepting:
+                self.stats.queue_full += len(messages)
+            return 0
+        now = self._clock()
+        assert loop is not None
+        loop.call_soon_threadsafe(self._enqueue, [Delivery(m, now) for m in messages])
+        return taken
+
+    def start(self, timeout: float = 10.0) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="outbox-relay", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout):
+            raise TimeoutError("relay loop did not start")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Take no new work, finish in-flight publishes and acks within ``timeout``.
+
+        What is still queued or waiting for a retry stays in the table for the sweeper.
+        """
+        thread, loop = self._thread, self._loop
+        if thread is None or loop is None:
+            return
+        with self._count_lock:
+            self._accepting = False
+        deadline = time.monotonic() + timeout
+        asyncio.run_coroutine_threadsafe(self._shutdown(deadline), loop)
+        thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        self._thread = None
+
+    # -- the relay loop --------------------------------------------------------------
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self._main())
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    async def _main(self) -> None:
+        self._queue: collections.deque[Delivery] = collections.deque()
+        self._wake = asyncio.Event()
+        self._done = asyncio.Event()
+        self._in_flight = 0
+        self._room = asyncio.Event()
+        self._wheel_busy = asyncio.Event()
+        self._publishing: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self._wheel: TimeWheel[Delivery] = TimeWheel(
+            self.settings.tick_ms, max(self.settings.retry_delays_ms), self._clock
+        )
+        self._acks = AckBatcher(
+            self._finish, self.settings.ack_batch_size, self.settings.ack_flush_ms
+        )
+        self._loop = asyncio.get_running_loop()
+        self._accepting = True
+        self._started.set()
+        workers = [
+            asyncio.create_task(self._connect()),
+            asyncio.create_task(self._pump()),
+            asyncio.create_task(self._tick()),
+        ]
+        await self._done.wait()
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        try:
+            await self.broker.close()
+        finally:
+            self._acks.close()
+
+    async def _connect(self) -> None:
+        """Connect in the background: an app starts even while its broker is down."""
+        wait = 0.2
+        while True:
+            try:
+                await self.broker.connect()
+                return
+            except Exception as exc:
+                log.warning(
+                    "broker connect failed (%s); retrying in %.1f s", exc.__class__.__name__, wait
+                )
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, 5.0)
+
+    def _enqueue(self, deliveries: list[Delivery]) -> None:
+        with self._count_lock:
+            self._queued -= len(deliveries)
+        self.stats.accepted += len(deliveries)
+        self._queue.extend(deliveries)
+        self._wake.set()
+
+    async def _pump(self) -> None:
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = self._take_batch()
+            if not batch:
+                continue
+            while self._in_flight >= self.settings.max_in_flight:
+                self._room.clear()
+                await self._room.wait()
+            self._in_flight += len(batch)
+            task = asyncio.create_task(self._publish(batch))
+            self._publishing.add(task)
+            task.add_done_callback(self._publishing.discard)
+
+    def _take_batch(self) -> list[Delivery]:
+        batch: list[Delivery] = []
+        now = self._clock()
+        while self._queue and len(batch) < self.settings.publish_batch:
+            delivery = self._queue.popleft()
+            if now - delivery.message.born > self.settings.handoff_limit_s:
+                self.stats.too_old += 1  # the sweeper may already be on it
+            else:
+                batch.append(delivery)
+        return batch
+
+    async def _publish(self, batch: list[Delivery]) -> None:
+        try:
+            results = await self.broker.publish([d.message for d in batch])
+        except Exception as exc:  # an adapter bug must not lose the batch from the schedule
+            log.exception("broker.publish raised")
+            results = [PublishResult(Outcome.RETRY, error=repr(exc)) for _ in batch]
+        finally:
+            self._in_flight -= len(batch)
+            self._room.set()
+        now = self._clock()
+        for delivery, result in zip(batch, results, strict=True):
+            self._settle(delivery, result, now)
+
+    def _settle(self, delivery: Delivery, result: PublishResult, now: float) -> None:
+        if result.ok:
+            self.stats.published += 1
+            self.stats.first_attempt += delivery.attempt == 0
+            self.stats.duplicates += result.duplicate
+            self.stats.latencies.append(now - delivery.committed)
+            self._acks.add(delivery.message.msg_id, result.receipt or "")
+        elif result.outcome is Outcome.PERMANENT:
+            self.stats.rejected += 1
+            log.warning("%s rejected by the broker: %s", delivery.message.msg_id, result.error)
+        elif self._stopping:
+            self.stats.dropped_at_stop += 1
+        elif delivery.attempt + 1 >= len(self.settings.retry_delays_ms):
+            self.stats.exhausted += 1
+        else:
+            delivery.attempt += 1
+            self.stats.retried += 1
+            self._wheel.schedule(delivery, self.settings.retry_delays_ms[delivery.attempt])
+            self._wheel_busy.set()
+
+    async def _tick(self) -> None:
+        while True:
+            if not self._wheel:
+                self._wheel_busy.clear()
+                await self._wheel_busy.wait()
+                continue
+            await asyncio.sleep(self._wheel.next_due_in())
+            due = self._wheel.advance()
+            if due:
+                self._queue.extend(due)
+                self._wake.set()
+
+    async def _shutdown(self, deadline: float) -> None:
+        self._stopping = True
+        self.stats.dropped_at_stop += len(self._queue) + len(self._wheel)
+        self._queue.clear()
+        self._wheel.clear()
+        try:
+            await asyncio.wait_for(self._finish_in_flight(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            log.warning(
+                "stop: deadline reached with publishes or acks unfinished; the sweeper will resend"
+            )
+        finally:
+            self._done.set()
+
+    async def _finish_in_flight(self) -> None:
+        while self._publishing:
+            await asyncio.gather(*list(self._publishing))
+        await self._acks.drain()

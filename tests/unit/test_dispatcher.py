@@ -1,0 +1,181 @@
+"""The fast path's logic with the in-memory broker: retries, hand-off, batching, stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from outbox.config import Settings
+from outbox.message import Message, build_message
+from relay.brokers.base import PublishResult, permanent, retry
+from relay.brokers.memory import MemoryBroker
+from relay.dispatcher import Dispatcher
+from tests.helpers import wait_until
+
+FAST = Settings(retry_delays_ms=(0, 5, 10, 20), ack_flush_ms=2)
+
+
+class Finisher:
+    """Stands in for the DB: records each batch the AckBatcher writes."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, acks: Sequence[tuple[str, str]]) -> int:
+        with self.lock:
+            self.batches.append([msg_id for msg_id, _ in acks])
+        return len(acks)
+
+    @property
+    def marked(self) -> list[str]:
+        with self.lock:
+            return [m for batch in self.batches for m in batch]
+
+
+def messages(n: int) -> list[Message]:
+    return [build_message("t.x", f"m{i}", max_payload_bytes=100) for i in range(n)]
+
+
+@pytest.fixture
+def finisher() -> Finisher:
+    return Finisher()
+
+
+def running(broker: MemoryBroker, finisher: Finisher, settings: Settings = FAST) -> Dispatcher:
+    dispatcher = Dispatcher(broker, finisher, settings)
+    dispatcher.start()
+    return dispatcher
+
+
+@pytest.fixture
+def stop_all() -> Iterator[list[Dispatcher]]:
+    started: list[Dispatcher] = []
+    yield started
+    for d in started:
+        d.stop(2)
+
+
+def test_every_message_published_once_and_marked_in_batches(
+    finisher: Finisher, stop_all: list[Dispatcher]
+) -> None:
+    broker = MemoryBroker()
+    d = running(broker, finisher)
+    stop_all.append(d)
+    batch = messages(1000)
+    assert d.submit(batch) == 1000
+    wait_until(lambda: len(finisher.marked) == 1000, what="1000 marks")
+    assert sorted(finisher.marked) == sorted(m.msg_id for m in batch)
+    assert len(broker.published) == 1000
+    assert d.stats.first_attempt == 1000
+    assert len(finisher.batches) <= 10, "acks must be grouped, not marked one by one"
+    assert max(len(b) for b in finisher.batches) <= FAST.ack_batch_size
+
+
+def test_retryable_failures_follow_the_schedule(
+    finisher: Finisher, stop_all: list[Dispatcher]
+) -> None:
+    attempts: Counter[str] = Counter()
+
+    def fail_twice(message: Message) -> PublishResult | None:
+        attempts[message.msg_id] += 1
+        return retry("broker busy") if attempts[message.msg_id] <= 2 else None
+
+    broker = MemoryBroker(policy=fail_twice)
+    d = running(broker, finisher)
+    stop_all.append(d)
+    batch = messages(50)
+    d.submit(batch)
+    wait_until(lambda: len(finisher.marked) == 50, what="50 marks")
+    assert set(attempts.values()) == {3}
+    assert (d.stats.retried, d.stats.first_attempt, d.stats.published) == (100, 0, 50)
+
+
+def test_spent_schedule_leaves_messages_for_the_sweeper(
+    finisher: Finisher, stop_all: list[Dispatcher]
+) -> None:
+    """A bug would mark a row sent without an ack, or retry forever."""
+    attempts: Counter[str] = Counter()
+
+    def always_down(message: Message) -> PublishResult:
+        attempts[message.msg_id] += 1
+        return retry("down")
+
+    d = running(MemoryBroker(policy=always_down), finisher)
+    stop_all.append(d)
+    d.submit(messages(20))
+    wait_until(lambda: d.stats.exhausted == 20, what="schedule spent")
+    assert set(attempts.values()) == {len(FAST.retry_delays_ms)}
+    assert finisher.marked == []
+
+
+def test_permanent_error_is_not_retried(finisher: Finisher, stop_all: list[Dispatcher]) -> None:
+    bad = messages(1)[0]
+    broker = MemoryBroker(policy=lambda m: permanent("unroutable") if m is bad else None)
+    d = running(broker, finisher)
+    stop_all.append(d)
+    good = messages(5)
+    d.submit([bad, *good])
+    wait_until(lambda: len(finisher.marked) == 5, what="healthy ones marked")
+    assert d.stats.rejected == 1 and d.stats.retried == 0
+    assert bad.msg_id not in finisher.marked
+
+
+def test_full_queue_never_blocks_and_is_counted(
+    finisher: Finisher, stop_all: list[Dispatcher]
+) -> None:
+    d = running(MemoryBroker(), finisher, Settings(queue_size=10))
+    stop_all.append(d)
+    started = time.monotonic()
+    assert d.submit(messages(11)) == 0
+    assert time.monotonic() - started < 0.5
+    assert d.stats.queue_full == 11
+    assert d.submit(messages(10)) == 10
+
+
+def test_messages_past_the_handoff_limit_are_left_to_the_sweeper(
+    finisher: Finisher, stop_all: list[Dispatcher]
+) -> None:
+    broker = MemoryBroker()
+    d = running(broker, finisher)
+    stop_all.append(d)
+    old = Message("0190c2a0-0000-7000-8000-000000000000", "t.x", b"x", born=time.monotonic() - 9)
+    d.submit([old, *messages(1)])
+    wait_until(lambda: len(finisher.marked) == 1, what="the young one")
+    assert d.stats.too_old == 1
+    assert old.msg_id not in {m.msg_id for m in broker.published}
+
+
+def test_submit_before_start_or_after_stop_takes_nothing(finisher: Finisher) -> None:
+    d = Dispatcher(MemoryBroker(), finisher, FAST)
+    assert d.submit(messages(3)) == 0
+    d.start()
+    d.stop(2)
+    assert d.submit(messages(3)) == 0
+    assert d.stats.queue_full == 0
+
+
+def test_stop_finishes_in_flight_publishes_and_acks(finisher: Finisher) -> None:
+    broker = MemoryBroker(delay=0.3)
+    d = running(broker, finisher)
+    batch = messages(10)
+    d.submit(batch)
+    wait_until(lambda: broker.batches >= 1, what="a publish in flight")
+    d.stop(timeout=5)
+    assert sorted(finisher.marked) == sorted(m.msg_id for m in batch)
+    assert not broker.connected
+    assert not [t for t in threading.enumerate() if t.name.startswith("outbox-")]
+
+
+def test_stop_drops_waiting_retries_within_its_deadline(finisher: Finisher) -> None:
+    d = running(MemoryBroker(policy=lambda m: retry("down")), finisher, Settings())
+    d.submit(messages(5))
+    wait_until(lambda: d.stats.retried >= 5, what="retries scheduled")
+    started = time.monotonic()
+    d.stop(timeout=2)
+    assert time.monotonic() - started < 2.5
+    assert d.stats.dropped_at_stop == 5 and finisher.marked == []
