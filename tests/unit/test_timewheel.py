@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -79,7 +80,7 @@ def test_full_schedule_of_one_message() -> None:
             out = wheel.advance()
         assert out == [attempt]
         attempts_at.append(round((clock.now - start) * 1000, 3))
-    gaps = [b - a for a, b in zip(attempts_at, attempts_at[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(attempts_at)]
     assert gaps == [float(d) for d in RETRY_DELAYS_MS[1:]]
     assert attempts_at[-1] == sum(RETRY_DELAYS_MS) == 4990
 
