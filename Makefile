@@ -33,3 +33,6 @@ demo: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+bench: $(STAMP) services
+	$(PY) -m bench.fast_path $(BENCH_ARGS)

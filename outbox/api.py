@@ -17,11 +17,13 @@ from outbox.config import Settings, check_broker_url, engine_from, mask_url
 from outbox.errors import ConfigError, WrongDatabase
 from outbox.message import Message, build_message
 from outbox.table import outbox_message
-from outbox.tracking import tracker_for
+from outbox.tracking import remember
 
 if TYPE_CHECKING:  # the relay is imported when it starts: relay modules import outbox
-    from relay.dispatcher import Dispatcher, Stats
+    from relay.dispatcher import Dispatcher
+    from relay.stats import Stats
 
+INSERT_MESSAGE = insert(outbox_message)
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -90,8 +92,8 @@ class Outbox:
             headers=headers,
             max_payload_bytes=self.settings.max_payload_bytes,
         )
-        session.execute(insert(outbox_message).values(row_values(message)))
-        tracker_for(session, self, self._on_commit).add(session, message)
+        session.execute(INSERT_MESSAGE, row_values(message))
+        remember(session, message, self._on_commit)
         return message.msg_id
 
     def transactional(self, fn: Callable[Concatenate[Session, P], R]) -> Callable[P, R]:

@@ -3,13 +3,17 @@
 Nothing reaches the relay before COMMIT: a message is attached to the (nested)
 transaction it was written in, dropped if that savepoint or the whole transaction
 rolls back, and handed on only when the outermost transaction commits.
+
+The listeners are registered once, on the Session class, and cost a dict lookup for
+sessions that never sent anything: registering them per session would cost more
+than the INSERT of the message itself.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
-from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
@@ -19,43 +23,48 @@ from outbox.message import Message
 log = logging.getLogger("outbox.tracking")
 
 OnCommit = Callable[[list[Message]], None]
+PENDING_KEY = "outbox.pending"
+
+_registered = False
+_register_lock = threading.Lock()
 
 
-class CommitTracker:
-    """One per (session, outbox): the messages written in the session's current transaction."""
+def remember(session: Session, message: Message, on_commit: OnCommit) -> None:
+    """Keep ``message`` until the transaction it was written in commits or rolls back."""
+    if not _registered:
+        _register_listeners()
+    current = session.get_nested_transaction() or session.get_transaction()
+    assert current is not None, "send() runs inside a transaction"
+    pending: list[tuple[SessionTransaction, Message, OnCommit]]
+    pending = session.info.setdefault(PENDING_KEY, [])
+    pending.append((current, message, on_commit))
 
-    def __init__(self, session: Session, on_commit: OnCommit) -> None:
-        self._on_commit = on_commit
-        self._pending: list[tuple[SessionTransaction, Message]] = []
-        event.listen(session, "after_commit", self._after_commit)
-        event.listen(session, "after_soft_rollback", self._after_soft_rollback)
-        event.listen(session, "after_transaction_end", self._after_transaction_end)
 
-    def add(self, session: Session, message: Message) -> None:
-        current = session.get_nested_transaction() or session.get_transaction()
-        assert current is not None, "send() runs inside a transaction"
-        self._pending.append((current, message))
-
-    def _after_commit(self, session: Session) -> None:
-        if session.get_nested_transaction() is not None:
-            return  # a savepoint was released; the outer transaction may still roll back
-        messages = [message for _, message in self._pending]
-        self._pending.clear()
-        if not messages:
-            return
+def _after_commit(session: Session) -> None:
+    if session.get_nested_transaction() is not None:
+        return  # a savepoint was released; the outer transaction may still roll back
+    pending = session.info.pop(PENDING_KEY, None)
+    if not pending:
+        return
+    by_target: dict[OnCommit, list[Message]] = {}
+    for _, message, on_commit in pending:
+        by_target.setdefault(on_commit, []).append(message)
+    for on_commit, messages in by_target.items():
         try:
-            self._on_commit(messages)
+            on_commit(messages)
         except Exception:  # the rows are committed; the sweeper will publish them
             log.exception("hand-off of %d committed message(s) failed", len(messages))
 
-    def _after_soft_rollback(self, session: Session, rolled_back: SessionTransaction) -> None:
-        self._pending = [
-            (trans, message) for trans, message in self._pending if not _within(trans, rolled_back)
-        ]
 
-    def _after_transaction_end(self, session: Session, ended: SessionTransaction) -> None:
-        if ended.parent is None:
-            self._pending.clear()  # closed without commit: nothing may survive into the next
+def _after_soft_rollback(session: Session, rolled_back: SessionTransaction) -> None:
+    pending = session.info.get(PENDING_KEY)
+    if pending:
+        pending[:] = [entry for entry in pending if not _within(entry[0], rolled_back)]
+
+
+def _after_transaction_end(session: Session, ended: SessionTransaction) -> None:
+    if ended.parent is None:
+        session.info.pop(PENDING_KEY, None)  # closed without commit: nothing survives it
 
 
 def _within(trans: SessionTransaction | None, ancestor: SessionTransaction) -> bool:
@@ -66,9 +75,12 @@ def _within(trans: SessionTransaction | None, ancestor: SessionTransaction) -> b
     return False
 
 
-def tracker_for(session: Session, key: object, on_commit: OnCommit) -> CommitTracker:
-    trackers: dict[Any, CommitTracker] = session.info.setdefault("outbox.trackers", {})
-    tracker = trackers.get(key)
-    if tracker is None:
-        tracker = trackers[key] = CommitTracker(session, on_commit)
-    return tracker
+def _register_listeners() -> None:
+    global _registered
+    with _register_lock:
+        if _registered:
+            return
+        event.listen(Session, "after_commit", _after_commit)
+        event.listen(Session, "after_soft_rollback", _after_soft_rollback)
+        event.listen(Session, "after_transaction_end", _after_transaction_end)
+        _registered = True

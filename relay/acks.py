@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from relay import store
+from relay.stats import Stats
 
 log = logging.getLogger("relay.acks")
 
@@ -34,17 +35,17 @@ def sql_finisher(engine: Engine, mode: str) -> Finish:
 class AckBatcher:
     """Collects (msg_id, receipt) pairs on the relay loop; writes them from one DB thread."""
 
-    def __init__(self, finish: Finish, batch_size: int = 256, flush_ms: float = 5.0) -> None:
+    def __init__(
+        self, finish: Finish, stats: Stats, batch_size: int = 256, flush_ms: float = 5.0
+    ) -> None:
         self._finish = finish
+        self.stats = stats
         self.batch_size = batch_size
         self.flush_s = flush_ms / 1000
         self._waiting: list[tuple[str, str]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._flushes: set[asyncio.Task[None]] = set()
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-acks")
-        self.statements = 0  # statements run (one per batch, more only on retries)
-        self.marked = 0  # rows changed
-        self.failed = 0  # acks whose rows could not be marked (left for the sweeper)
 
     def add(self, msg_id: str, receipt: str) -> None:
         self._waiting.append((msg_id, receipt))
@@ -68,15 +69,17 @@ class AckBatcher:
         loop = asyncio.get_running_loop()
         for delay in RETRY_DELAYS_S:
             await asyncio.sleep(delay)
-            self.statements += 1
+            self.stats.mark_statements += 1
             try:
-                self.marked += await loop.run_in_executor(self._db, self._finish, batch)
-                return
+                changed = await loop.run_in_executor(self._db, self._finish, batch)
             except SQLAlchemyError as exc:
                 log.warning(
                     "marking %d acked message(s) failed: %s", len(batch), exc.__class__.__name__
                 )
-        self.failed += len(batch)
+                continue
+            self.stats.marked += changed  # added after the await: writes overlap
+            return
+        self.stats.mark_failed += len(batch)
         log.error("gave up marking %d acked message(s); the sweeper will resend them", len(batch))
 
     async def drain(self) -> None:

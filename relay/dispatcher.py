@@ -16,13 +16,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from outbox.config import Settings
 from outbox.message import Message
 from relay.acks import AckBatcher, Finish
 from relay.brokers import Broker
 from relay.brokers.base import Outcome, PublishResult
+from relay.stats import Stats
 from relay.timewheel import TimeWheel
 
 log = logging.getLogger("relay.dispatcher")
@@ -33,25 +34,6 @@ class Delivery:
     message: Message
     committed: float  # clock() at commit: the start of commit->ack latency
     attempt: int = 0  # index into retry_delays_ms of the attempt being made
-
-
-@dataclass
-class Stats:
-    """Counters of one dispatcher; read them from any thread."""
-
-    accepted: int = 0
-    queue_full: int = 0  # left in the table because msgQueue was full
-    published: int = 0
-    first_attempt: int = 0  # acked on the first attempt
-    retried: int = 0
-    exhausted: int = 0  # retry schedule spent: left for the sweeper
-    too_old: int = 0  # past the hand-off limit: left for the sweeper
-    rejected: int = 0  # permanent broker error: left for the sweeper to dead-letter
-    duplicates: int = 0  # the broker reported it already held the msg_id
-    dropped_at_stop: int = 0
-    latencies: collections.deque[float] = field(
-        default_factory=lambda: collections.deque(maxlen=100_000)
-    )
 
 
 class Dispatcher:
@@ -135,10 +117,8 @@ class Dispatcher:
 
     async def _main(self) -> None:
         self._queue: collections.deque[Delivery] = collections.deque()
-        self._wake = asyncio.Event()
         self._done = asyncio.Event()
         self._in_flight = 0
-        self._room = asyncio.Event()
         self._wheel_busy = asyncio.Event()
         self._publishing: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -146,14 +126,13 @@ class Dispatcher:
             self.settings.tick_ms, max(self.settings.retry_delays_ms), self._clock
         )
         self._acks = AckBatcher(
-            self._finish, self.settings.ack_batch_size, self.settings.ack_flush_ms
+            self._finish, self.stats, self.settings.ack_batch_size, self.settings.ack_flush_ms
         )
         self._loop = asyncio.get_running_loop()
         self._accepting = True
         self._started.set()
         workers = [
             asyncio.create_task(self._connect()),
-            asyncio.create_task(self._pump()),
             asyncio.create_task(self._tick()),
         ]
         await self._done.wait()
@@ -184,22 +163,20 @@ class Dispatcher:
             self._queued -= len(deliveries)
         self.stats.accepted += len(deliveries)
         self._queue.extend(deliveries)
-        self._wake.set()
+        self._dispatch()
 
-    async def _pump(self) -> None:
-        while True:
-            if not self._queue:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
+    def _dispatch(self) -> None:
+        """Start publishing what is queued, as far as the in-flight limit allows.
+
+        Called where work appears (enqueue, retry due, a publish finished), so an idle
+        loop costs nothing and a message needs no extra hop through a pump task.
+        """
+        while self._queue and self._in_flight < self.settings.max_in_flight:
             batch = self._take_batch()
             if not batch:
                 continue
-            while self._in_flight >= self.settings.max_in_flight:
-                self._room.clear()
-                await self._room.wait()
             self._in_flight += len(batch)
-            task = asyncio.create_task(self._publish(batch))
+            task = asyncio.get_running_loop().create_task(self._publish(batch))
             self._publishing.add(task)
             task.add_done_callback(self._publishing.discard)
 
@@ -222,10 +199,11 @@ class Dispatcher:
             results = [PublishResult(Outcome.RETRY, error=repr(exc)) for _ in batch]
         finally:
             self._in_flight -= len(batch)
-            self._room.set()
         now = self._clock()
         for delivery, result in zip(batch, results, strict=True):
             self._settle(delivery, result, now)
+        if not self._stopping:
+            self._dispatch()
 
     def _settle(self, delivery: Delivery, result: PublishResult, now: float) -> None:
         if result.ok:
@@ -255,9 +233,9 @@ class Dispatcher:
                 continue
             await asyncio.sleep(self._wheel.next_due_in())
             due = self._wheel.advance()
-            if due:
+            if due and not self._stopping:
                 self._queue.extend(due)
-                self._wake.set()
+                self._dispatch()
 
     async def _shutdown(self, deadline: float) -> None:
         self._stopping = True

@@ -91,6 +91,8 @@ class NatsBroker(Broker):
             # Fail fast while reconnecting: waiting out the timeout would stretch the
             # retry schedule past the hand-off limit.
             return [retry("not connected") for _ in messages]
+        if len(messages) == 1:  # the common case at low rates: no gather, no extra task
+            return [await self._publish_one(messages[0])]
         return list(await asyncio.gather(*(self._publish_one(m) for m in messages)))
 
     async def _publish_one(self, message: Message) -> PublishResult:
