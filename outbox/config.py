@@ -21,8 +21,21 @@ INT_OPTIONS = (
     "publish_batch",
     "max_in_flight",
     "ack_batch_size",
+    "sweep_batch",
+    "max_attempts",
+    "purge_batch",
 )
-TIME_OPTIONS = ("tick_ms", "ack_flush_ms", "handoff_limit_s", "sweeper_age_s")
+TIME_OPTIONS = (
+    "tick_ms",
+    "ack_flush_ms",
+    "handoff_limit_s",
+    "sweeper_age_s",
+    "sweep_interval_s",
+    "backoff_base_s",
+    "backoff_cap_s",
+    "publish_timeout_s",
+    "retention_s",
+)
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,15 @@ class Settings:
     max_in_flight: int = 2048  # messages published and not yet answered
     ack_batch_size: int = 256  # acks marked by one statement at most
     ack_flush_ms: float = 5.0  # an ack waits at most this long to be marked
+    # The sweeper (relay.sweeper), in the app (Outbox(sweeper=True)) and in `outbox relay`.
+    sweep_interval_s: float = 1.0
+    sweep_batch: int = 500  # rows claimed (and locked) by one sweep
+    max_attempts: int = 20  # sweeper attempts before a row is marked dead
+    backoff_base_s: float = 1.0  # first backoff; doubles per attempt, with jitter
+    backoff_cap_s: float = 300.0
+    publish_timeout_s: float = 10.0  # a sweep waits this long for the broker's answers
+    retention_s: float = 3 * 24 * 3600.0  # sent rows are kept this long (the ledger)
+    purge_batch: int = 1000  # sent rows deleted per retention statement
 
     def __post_init__(self) -> None:
         for name in INT_OPTIONS:

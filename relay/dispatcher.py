@@ -23,6 +23,7 @@ from outbox.message import Message
 from relay.acks import AckBatcher, Finish
 from relay.brokers import Broker
 from relay.brokers.base import Outcome, PublishResult
+from relay.loop import BrokerLoop
 from relay.stats import Stats
 from relay.timewheel import TimeWheel
 
@@ -39,12 +40,14 @@ class Delivery:
 class Dispatcher:
     def __init__(
         self,
-        broker: Broker,
+        broker: Broker | BrokerLoop,
         finish: Finish,
         settings: Settings | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.broker = broker
+        self._owns_loop = not isinstance(broker, BrokerLoop)
+        self.relay = broker if isinstance(broker, BrokerLoop) else BrokerLoop(broker)
+        self.broker = self.relay.broker
         self.settings = settings or Settings()
         self.stats = Stats()
         self._clock = clock
@@ -53,8 +56,6 @@ class Dispatcher:
         self._count_lock = threading.Lock()
         self._accepting = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._started = threading.Event()
 
     # -- app threads --------------------------------------------------------------
 
@@ -83,41 +84,33 @@ class Dispatcher:
         return taken
 
     def start(self, timeout: float = 10.0) -> None:
-        if self._thread is not None:
+        if self._loop is not None:
             return
-        self._thread = threading.Thread(target=self._run, name="outbox-relay", daemon=True)
-        self._thread.start()
-        if not self._started.wait(timeout):
-            raise TimeoutError("relay loop did not start")
+        self.relay.start(timeout)
+        self.relay.submit(self._setup()).result(timeout)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Take no new work, finish in-flight publishes and acks within ``timeout``.
 
         What is still queued or waiting for a retry stays in the table for the sweeper.
         """
-        thread, loop = self._thread, self._loop
-        if thread is None or loop is None:
+        if self._loop is None:
             return
         with self._count_lock:
             self._accepting = False
         deadline = time.monotonic() + timeout
-        asyncio.run_coroutine_threadsafe(self._shutdown(deadline), loop)
-        thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
-        self._thread = None
-
-    # -- the relay loop --------------------------------------------------------------
-
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
         try:
-            loop.run_until_complete(self._main())
-        finally:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
+            self.relay.submit(self._shutdown(deadline)).result(timeout + 1.0)
+        except (TimeoutError, RuntimeError):
+            log.warning("stop: the relay loop did not answer in time")
+        self._loop = None
+        if self._owns_loop:
+            self.relay.stop(max(0.0, deadline - time.monotonic()))
 
-    async def _main(self) -> None:
+    # -- on the relay loop -----------------------------------------------------------
+
+    async def _setup(self) -> None:
         self._queue: collections.deque[Delivery] = collections.deque()
-        self._done = asyncio.Event()
         self._in_flight = 0
         self._wheel_busy = asyncio.Event()
         self._publishing: set[asyncio.Task[None]] = set()
@@ -128,35 +121,10 @@ class Dispatcher:
         self._acks = AckBatcher(
             self._finish, self.stats, self.settings.ack_batch_size, self.settings.ack_flush_ms
         )
+        self._ticker = asyncio.create_task(self._tick())
         self._loop = asyncio.get_running_loop()
-        self._accepting = True
-        self._started.set()
-        workers = [
-            asyncio.create_task(self._connect()),
-            asyncio.create_task(self._tick()),
-        ]
-        await self._done.wait()
-        for task in workers:
-            task.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
-        try:
-            await self.broker.close()
-        finally:
-            self._acks.close()
-
-    async def _connect(self) -> None:
-        """Connect in the background: an app starts even while its broker is down."""
-        wait = 0.2
-        while True:
-            try:
-                await self.broker.connect()
-                return
-            except Exception as exc:
-                log.warning(
-                    "broker connect failed (%s); retrying in %.1f s", exc.__class__.__name__, wait
-                )
-            await asyncio.sleep(wait)
-            wait = min(wait * 2, 5.0)
+        with self._count_lock:
+            self._accepting = True
 
     def _enqueue(self, deliveries: list[Delivery]) -> None:
         with self._count_lock:
@@ -249,7 +217,8 @@ class Dispatcher:
                 "stop: deadline reached with publishes or acks unfinished; the sweeper will resend"
             )
         finally:
-            self._done.set()
+            self._ticker.cancel()
+            self._acks.close()
 
     async def _finish_in_flight(self) -> None:
         while self._publishing:

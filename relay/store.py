@@ -8,8 +8,22 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import Connection, Delete, Update, case, delete, update
+from sqlalchemy import (
+    Connection,
+    Delete,
+    Select,
+    Update,
+    bindparam,
+    case,
+    delete,
+    or_,
+    select,
+    true,
+    update,
+)
 
 from outbox.table import PENDING, SENT, db_now, outbox_message
 
@@ -36,3 +50,56 @@ def finish(conn: Connection, acks: Sequence[tuple[str, str]], mode: str) -> int:
     """Mark (``keep``) or delete (``delete``) acknowledged rows; returns how many changed."""
     stmt = mark_sent_stmt(acks) if mode == "keep" else delete_sent_stmt(acks)
     return conn.execute(stmt).rowcount
+
+
+def db_clock(conn: Connection) -> datetime:
+    """-- db_clock -- the database's now: every age the relay compares is on this clock."""
+    now = conn.execute(select(db_now())).scalar_one()
+    return now if now.tzinfo else now.replace(tzinfo=UTC)
+
+
+def claim_due_stmt(
+    cutoff: datetime, now: datetime, limit: int, due_only: bool = True
+) -> Select[Any]:
+    """-- claim_due -- pending rows older than the cutoff and due, oldest first, locked.
+
+    SKIP LOCKED lets any number of sweepers run at once: each takes rows no other
+    transaction holds. No id cursor: a row that commits late (a long transaction)
+    is found by its created_at like any other.
+    """
+    due = or_(t.c.next_attempt_at.is_(None), t.c.next_attempt_at <= now) if due_only else true()
+    return (
+        select(t)
+        .where(t.c.status == PENDING, t.c.created_at < cutoff, due)
+        .order_by(t.c.created_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+
+
+def record_failures_stmt() -> Update:
+    """-- record_failure -- attempts+1, last_error, next attempt time, maybe dead (executemany)."""
+    return (
+        update(t)
+        .where(t.c.id == bindparam("row_id"), t.c.status == PENDING)
+        .values(
+            attempts=t.c.attempts + 1,
+            last_error=bindparam("error"),
+            next_attempt_at=bindparam("next_at"),
+            status=bindparam("new_status"),
+        )
+    )
+
+
+def purge_sent(conn: Connection, older_than: datetime, limit: int) -> int:
+    """-- purge_sent -- delete at most ``limit`` sent rows older than ``older_than``."""
+    ids = (
+        conn.execute(
+            select(t.c.id).where(t.c.status == SENT, t.c.sent_at < older_than).limit(limit)
+        )
+        .scalars()
+        .all()
+    )
+    if not ids:
+        return 0
+    return conn.execute(delete(t).where(t.c.id.in_(ids), t.c.status == SENT)).rowcount

@@ -99,6 +99,13 @@ class NatsBroker(Broker):
         assert self._js is not None
         headers = relay_headers(message)
         headers[DEDUP_HEADER] = message.msg_id
+        size = len(message.payload) + header_size(headers)
+        if self._nc is not None and size > self._nc.max_payload:
+            # Sent anyway, the server would close the connection and fail every
+            # publish in flight with it: refuse it here, alone.
+            return permanent(
+                f"MaxPayloadError: {size} bytes > server max_payload {self._nc.max_payload}"
+            )
         try:
             ack = await self._js.publish(message.topic, message.payload, headers=headers)
         except PERMANENT_ERRORS as exc:
@@ -122,6 +129,11 @@ class NatsBroker(Broker):
 
     async def _on_reconnected(self) -> None:
         log.info("nats %s: reconnected", mask_url(self.url))
+
+
+def header_size(headers: dict[str, str]) -> int:
+    """Bytes of the NATS header block: 'NATS/1.0' line, 'Name: value' lines, blank line."""
+    return len(b"NATS/1.0\r\n\r\n") + sum(len(f"{k}: {v}\r\n".encode()) for k, v in headers.items())
 
 
 def _one(query: dict[str, list[str]], name: str) -> str | None:

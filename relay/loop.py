@@ -1,0 +1,104 @@
+"""One background thread running an asyncio loop that owns a broker connection.
+
+The fast path (Dispatcher) and the sweeper both publish through it. It connects in
+the background, retrying with backoff, so a process starts even while its broker is
+down; the adapter answers "retry" until the connection is up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from relay.brokers import Broker
+
+log = logging.getLogger("relay.loop")
+
+T = TypeVar("T")
+
+
+class BrokerLoop:
+    def __init__(self, broker: Broker, name: str = "outbox-relay") -> None:
+        self.broker = broker
+        self.name = name
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._done: asyncio.Event | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, timeout: float = 10.0) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"{self.name}: loop did not start within {timeout} s")
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``coro`` on the loop from any thread."""
+        assert self.loop is not None, "start() first"
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close the broker connection and end the thread (within ``timeout``)."""
+        thread, loop, done = self._thread, self.loop, self._done
+        if thread is None or loop is None or done is None:
+            return
+        deadline = time.monotonic() + timeout
+        loop.call_soon_threadsafe(done.set)
+        thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        if thread.is_alive():
+            log.warning("%s: thread still running after stop", self.name)
+        self._thread = None
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._main())
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    async def _main(self) -> None:
+        self._done = asyncio.Event()
+        self.loop = asyncio.get_running_loop()
+        self._ready.set()
+        connecting = asyncio.create_task(self._connect())
+        await self._done.wait()
+        connecting.cancel()
+        await asyncio.gather(connecting, return_exceptions=True)
+        await self._cancel_others()
+        try:
+            await self.broker.close()
+        except Exception:
+            log.exception("%s: closing the broker failed", self.name)
+
+    async def _connect(self) -> None:
+        wait = 0.2
+        while True:
+            try:
+                await self.broker.connect()
+                return
+            except Exception as exc:
+                log.warning(
+                    "broker connect failed (%s); retrying in %.1f s", exc.__class__.__name__, wait
+                )
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, 5.0)
+
+    async def _cancel_others(self) -> None:
+        current = asyncio.current_task()
+        others = [t for t in asyncio.all_tasks() if t is not current]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)

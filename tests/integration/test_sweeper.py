@@ -1,0 +1,244 @@
+"""The sweeper against real PostgreSQL (and nats-server where a broker's answer matters)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+import pytest
+from sqlalchemy import Engine, create_engine, func, select, text, update
+from sqlalchemy.orm import Session
+
+from outbox import Outbox, migrate, outbox_message
+from outbox.config import Settings
+from outbox.message import Message
+from relay.brokers.base import Broker, PublishResult
+from relay.brokers.memory import MemoryBroker
+from relay.brokers.nats import NatsBroker, read_stream
+from relay.embedded import NatsServer
+from relay.loop import BrokerLoop
+from relay.sweeper import Sweeper
+
+t = outbox_message
+QUICK = Settings(sweeper_age_s=0.5, handoff_limit_s=0.2, backoff_base_s=0.01, backoff_cap_s=0.05)
+
+
+@pytest.fixture
+def engine(pg_url: str) -> Iterator[Engine]:
+    migrate.upgrade(pg_url)
+    eng = create_engine(pg_url, pool_size=10)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def loops() -> Iterator[list[BrokerLoop]]:
+    started: list[BrokerLoop] = []
+    yield started
+    for loop in started:
+        loop.stop()
+
+
+def running(broker: Broker, loops: list[BrokerLoop]) -> BrokerLoop:
+    loop = BrokerLoop(broker)
+    loop.start()
+    loops.append(loop)
+    return loop
+
+
+def commit_messages(
+    engine: Engine, n: int, topic: str = "sw.x", payload: bytes = b"{}"
+) -> list[str]:
+    ob = Outbox(engine)
+    with Session(engine) as session, session.begin():
+        return [ob.send(session, topic, payload) for _ in range(n)]
+
+
+def age_rows(engine: Engine, seconds: int = 60) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f"UPDATE outbox_message SET created_at = created_at - interval '{seconds} seconds'"
+            )
+        )
+
+
+def statuses(engine: Engine) -> Counter[str]:
+    with engine.connect() as conn:
+        return Counter(
+            dict(conn.execute(select(t.c.status, func.count()).group_by(t.c.status)).all())
+        )
+
+
+def test_skip_locked_takes_exactly_the_unlocked_rows(
+    engine: Engine, loops: list[BrokerLoop]
+) -> None:
+    """Another transaction locks 2 of 4 due rows; the sweeper must take exactly the other 2."""
+    ids = commit_messages(engine, 4)
+    age_rows(engine)
+    broker = MemoryBroker()
+    sweeper = Sweeper(engine, running(broker, loops), QUICK)
+    with engine.connect() as holder:
+        holder.execute(
+            select(t.c.id).where(t.c.msg_id.in_([uuid.UUID(i) for i in ids[:2]])).with_for_update()
+        ).all()
+        result = sweeper.sweep_once()
+        assert result.claimed == 2 and result.sent == 2
+        assert sorted(m.msg_id for m in broker.published) == sorted(ids[2:])
+        holder.rollback()
+    assert sweeper.sweep_once().sent == 2
+    assert statuses(engine) == Counter({"sent": 4})
+
+
+def test_only_rows_older_than_the_threshold_are_taken(
+    engine: Engine, loops: list[BrokerLoop]
+) -> None:
+    commit_messages(engine, 3)
+    sweeper = Sweeper(engine, running(MemoryBroker(), loops), Settings())
+    assert sweeper.sweep_once().claimed == 0, "rows younger than 10 s belong to the fast path"
+    age_rows(engine, 11)
+    assert sweeper.sweep_once().claimed == 3
+
+
+def test_row_of_a_long_transaction_is_delivered_after_it_commits(
+    engine: Engine, loops: list[BrokerLoop]
+) -> None:
+    """A bug here (an id cursor moving past uncommitted ids) would skip the late row forever."""
+    broker = MemoryBroker()
+    sweeper = Sweeper(engine, running(broker, loops), QUICK)
+    ob = Outbox(engine)
+    long_tx = Session(engine)
+    late = ob.send(long_tx, "sw.x", b"late")  # inserted first, gets the lower id
+    later = commit_messages(engine, 5)
+    deadline = time.monotonic() + 10
+    while len(broker.published) < 5 and time.monotonic() < deadline:
+        sweeper.sweep_once()
+    assert {m.msg_id for m in broker.published} == set(later)
+    long_tx.commit()
+    long_tx.close()
+    deadline = time.monotonic() + 10
+    while late not in {m.msg_id for m in broker.published} and time.monotonic() < deadline:
+        sweeper.sweep_once()
+    assert late in {m.msg_id for m in broker.published}
+
+
+def test_poison_message_goes_dead_while_healthy_ones_flow(
+    engine: Engine, nats_server: NatsServer, stream: tuple[str, str], loops: list[BrokerLoop]
+) -> None:
+    name, prefix = stream
+    settings = Settings(
+        sweeper_age_s=0.5,
+        handoff_limit_s=0.2,
+        max_attempts=3,
+        backoff_base_s=0.01,
+        backoff_cap_s=0.05,
+    )
+    relay = running(NatsBroker(f"{nats_server.url}?stream={name}&subjects={prefix}.>"), loops)
+    healthy = commit_messages(engine, 1000, f"{prefix}.ok")
+    # 1 MiB passes send() but, with its headers, exceeds the server's 1 MB max_payload.
+    [poison] = commit_messages(engine, 1, f"{prefix}.big", b"x" * (1024 * 1024))
+    age_rows(engine)
+    sweeper = Sweeper(engine, relay, settings)
+    deadline = time.monotonic() + 30
+    while statuses(engine)["dead"] == 0 and time.monotonic() < deadline:
+        sweeper.sweep(concurrency=1)
+    assert statuses(engine) == Counter({"sent": 1000, "dead": 1})
+    with engine.connect() as conn:
+        row = conn.execute(select(t).where(t.c.msg_id == uuid.UUID(poison))).one()
+    assert row.attempts == 3 and "MaxPayload" in row.last_error
+    import asyncio
+
+    assert sorted(m.msg_id for m in asyncio.run(read_stream(nats_server.url, name))) == sorted(
+        healthy
+    )
+
+
+def test_failures_back_off_and_are_not_retaken_before_due(
+    engine: Engine, loops: list[BrokerLoop]
+) -> None:
+    from relay.brokers.base import retry
+
+    broker = MemoryBroker(policy=lambda m: retry("down"))
+    sweeper = Sweeper(engine, running(broker, loops), Settings(backoff_base_s=30, backoff_cap_s=60))
+    commit_messages(engine, 3)
+    age_rows(engine)
+    assert sweeper.sweep_once().failed == 3
+    assert sweeper.sweep_once().claimed == 0, "backed-off rows are not due yet"
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(t.c.attempts, t.c.last_error, t.c.next_attempt_at, func.now())
+        ).all()
+    for attempts, error, next_at, now in rows:
+        assert attempts == 1 and error == "retry: down"
+        assert 14 <= (next_at - now).total_seconds() <= 31  # 30 s with jitter in [0.5, 1]
+
+
+def test_retention_purges_only_old_sent_rows(engine: Engine, loops: list[BrokerLoop]) -> None:
+    ids = commit_messages(engine, 6)
+    with engine.begin() as conn:
+        for msg_id, status, age in zip(
+            ids,
+            ["sent", "sent", "sent", "pending", "dead", "sent"],
+            [4, 4, 4, 4, 4, 1],
+            strict=True,
+        ):
+            conn.execute(
+                update(t)
+                .where(t.c.msg_id == uuid.UUID(msg_id))
+                .values(status=status, sent_at=func.now() - text(f"interval '{age} days'"))
+            )
+    sweeper = Sweeper(engine, running(MemoryBroker(), loops), Settings(purge_batch=2))
+    assert sweeper.purge() == 3
+    with engine.connect() as conn:
+        left = {str(m) for m in conn.execute(select(t.c.msg_id)).scalars()}
+    assert left == set(ids[3:])
+
+
+class CountingBroker(Broker):
+    """Wraps a real adapter and counts every publish it is asked to make."""
+
+    def __init__(self, inner: Broker) -> None:
+        self.inner = inner
+        self.counts: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    async def connect(self) -> None:
+        await self.inner.connect()
+
+    async def publish(self, messages: Sequence[Message]) -> list[PublishResult]:
+        with self.lock:
+            self.counts.update(m.msg_id for m in messages)
+        return await self.inner.publish(messages)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def test_four_sweepers_share_a_backlog_without_double_publishing(
+    engine: Engine, nats_server: NatsServer, stream: tuple[str, str], loops: list[BrokerLoop]
+) -> None:
+    name, prefix = stream
+    ids: list[str] = []
+    for _ in range(10):
+        ids += commit_messages(engine, 2000, f"{prefix}.backlog")
+    age_rows(engine)
+    brokers = [
+        CountingBroker(NatsBroker(f"{nats_server.url}?stream={name}&subjects={prefix}.>"))
+        for _ in range(4)
+    ]
+    sweepers = [Sweeper(engine, running(b, loops), QUICK) for b in brokers]
+    threads = [threading.Thread(target=s.sweep) for s in sweepers]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    counts = sum((b.counts for b in brokers), Counter())
+    assert set(counts) == set(ids)
+    assert max(counts.values()) == 1, "a row was published by two sweepers"
+    assert all(sum(b.counts.values()) > 0 for b in brokers), (
+        "every sweeper should have taken a share"
+    )
+    assert statuses(engine) == Counter({"sent": 20_000})
