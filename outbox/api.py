@@ -5,13 +5,15 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, insert
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from outbox.config import Settings, check_broker_url, engine_from, mask_url
 from outbox.errors import ConfigError, WrongDatabase
@@ -21,7 +23,9 @@ from outbox.tracking import remember
 
 if TYPE_CHECKING:  # the relay is imported when it starts: relay modules import outbox
     from relay.dispatcher import Dispatcher
+    from relay.loop import BrokerLoop
     from relay.stats import Stats
+    from relay.worker import RelayJobs
 
 INSERT_MESSAGE = insert(outbox_message)
 P = ParamSpec("P")
@@ -40,7 +44,8 @@ class Outbox:
 
     ``db`` is a SQLAlchemy URL or the app's own Engine. ``broker`` is a broker URL
     (``nats://``, ``amqp://``, ``redis://``), or None when another process relays.
-    Options (see ``outbox.config.Settings``): ``max_payload_bytes``, ``mark_mode``.
+    ``sweeper``: also run the sweeper in this process once started (default True).
+    Other options are the fields of ``outbox.config.Settings``.
     """
 
     def __init__(
@@ -49,6 +54,7 @@ class Outbox:
         broker: str | None = None,
         *,
         session_factory: sessionmaker[Session] | None = None,
+        sweeper: bool = True,
         **options: Any,
     ) -> None:
         self.settings = Settings.from_options(options)
@@ -57,7 +63,11 @@ class Outbox:
         self.engine = engine_from(db)
         self.session_factory = session_factory or sessionmaker(self.engine)
         self._current: ContextVar[Session | None] = ContextVar("outbox_session", default=None)
+        self.sweeper = sweeper
         self._dispatcher: Dispatcher | None = None
+        self._jobs: RelayJobs | None = None
+        self._relay: BrokerLoop | None = None
+        self._count_lock = threading.Lock()
         self._stats: Stats | None = None
         self.committed = 0  # messages whose transaction committed, seen by this process
         self.handed_off = 0  # of those, taken by the in-process relay
@@ -68,7 +78,7 @@ class Outbox:
 
     def send(
         self,
-        session: Session,
+        session: Session | scoped_session[Session],
         topic: str,
         payload: object,
         *,
@@ -83,7 +93,7 @@ class Outbox:
         transaction commits; a rollback (of it, or of the savepoint it was sent in)
         discards it.
         """
-        self._check_session(session)
+        session = self._check_session(session)
         message = build_message(
             topic,
             payload,
@@ -135,17 +145,25 @@ class Outbox:
             return
         if self.broker_url is None:
             raise ConfigError("broker: start() needs a broker URL, e.g. nats://127.0.0.1:4222")
-        from relay.acks import sql_finisher
+        from relay.acks import sql_finisher, sql_verifier
         from relay.brokers import broker_for
         from relay.dispatcher import Dispatcher
+        from relay.loop import BrokerLoop
+        from relay.worker import RelayJobs
 
+        relay = BrokerLoop(broker_for(self.broker_url))
+        relay.start()
         dispatcher = Dispatcher(
-            broker_for(self.broker_url),
+            relay,
             sql_finisher(self.engine, self.settings.mark_mode),
             self.settings,
+            verify=sql_verifier(self.engine) if self.settings.verify_commit else None,
         )
         dispatcher.start()
-        self._dispatcher, self._stats = dispatcher, dispatcher.stats
+        self._relay, self._dispatcher, self._stats = relay, dispatcher, dispatcher.stats
+        if self.sweeper:
+            self._jobs = RelayJobs(self.engine, relay, self.settings)
+            self._jobs.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the relay: no new work; in-flight publishes and acks finish within ``timeout``.
@@ -154,18 +172,28 @@ class Outbox:
         relay's thread and broker connection are gone when this returns, and so are
         the pooled DB connections when the outbox created its engine itself.
         """
-        dispatcher, self._dispatcher = self._dispatcher, None
+        deadline = time.monotonic() + timeout
+        dispatcher, jobs, relay = self._dispatcher, self._jobs, self._relay
+        self._dispatcher = self._jobs = self._relay = None
         if dispatcher is not None:
             dispatcher.stop(timeout)
+        if jobs is not None:
+            jobs.stop(max(0.0, deadline - time.monotonic()))
+        if relay is not None:
+            relay.stop(max(0.0, deadline - time.monotonic()))
         if self._owns_engine:
             self.engine.dispose()
 
     def _on_commit(self, messages: list[Message]) -> None:
-        self.committed += len(messages)
-        if self._dispatcher is not None:
-            self.handed_off += self._dispatcher.submit(messages)
+        dispatcher = self._dispatcher
+        taken = dispatcher.submit(messages) if dispatcher is not None else 0
+        with self._count_lock:
+            self.committed += len(messages)
+            self.handed_off += taken
 
-    def _check_session(self, session: Session) -> None:
+    def _check_session(self, session: Session | scoped_session[Session]) -> Session:
+        if isinstance(session, scoped_session):
+            session = session()
         if not isinstance(session, Session):
             raise ConfigError(
                 f"session: must be a sqlalchemy.orm.Session, got {type(session).__name__}"
@@ -177,6 +205,7 @@ class Outbox:
                 f"session: bound to {engine.url.render_as_string(hide_password=True)}, "
                 f"but this outbox writes to {self.engine.url.render_as_string(hide_password=True)}"
             )
+        return session
 
 
 def row_values(message: Message) -> dict[str, Any]:

@@ -55,6 +55,11 @@ class Settings:
     max_in_flight: int = 2048  # messages published and not yet answered
     ack_batch_size: int = 256  # acks marked by one statement at most
     ack_flush_ms: float = 5.0  # an ack waits at most this long to be marked
+    # Re-read the rows (one SELECT per batch) before publishing: SQLAlchemy's
+    # after_commit also fires when PostgreSQL turned COMMIT into ROLLBACK (an error the
+    # app swallowed) or when the session joined an outer transaction that may still
+    # roll back. Off trusts after_commit: one statement less, phantoms possible then.
+    verify_commit: bool = True
     # The sweeper (relay.sweeper), in the app (Outbox(sweeper=True)) and in `outbox relay`.
     sweep_interval_s: float = 1.0
     sweep_batch: int = 500  # rows claimed (and locked) by one sweep
@@ -74,6 +79,8 @@ class Settings:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name}: must be a positive number, got {value!r}")
+        if not isinstance(self.verify_commit, bool):
+            raise ConfigError("verify_commit: must be True or False")
         if self.mark_mode not in MARK_MODES:
             raise ConfigError(f"mark_mode: must be one of {', '.join(MARK_MODES)}")
         delays = self.retry_delays_ms

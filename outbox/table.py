@@ -57,6 +57,13 @@ def _db_now_default(element: db_now, compiler: SQLCompiler, **kw: object) -> str
     return "CURRENT_TIMESTAMP"
 
 
+@compiles(db_now, "postgresql")
+def _db_now_postgresql(element: db_now, compiler: SQLCompiler, **kw: object) -> str:
+    # CURRENT_TIMESTAMP is the transaction's start: a long transaction would hand the
+    # sweeper a row that looks old the moment it commits, racing the fast path.
+    return "statement_timestamp()"
+
+
 @compiles(db_now, "sqlite")
 def _db_now_sqlite(element: db_now, compiler: SQLCompiler, **kw: object) -> str:
     # SQLite's CURRENT_TIMESTAMP has whole seconds only; this is UTC with milliseconds.

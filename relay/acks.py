@@ -21,6 +21,7 @@ from relay.stats import Stats
 log = logging.getLogger("relay.acks")
 
 Finish = Callable[[Sequence[tuple[str, str]]], int]
+Verify = Callable[[Sequence[str]], set[str]]
 RETRY_DELAYS_S = (0.0, 0.05, 0.2)  # a terminated connection is replaced by the second try
 
 
@@ -30,6 +31,14 @@ def sql_finisher(engine: Engine, mode: str) -> Finish:
             return store.finish(conn, acks, mode)
 
     return finish
+
+
+def sql_verifier(engine: Engine) -> Verify:
+    def verify(msg_ids: Sequence[str]) -> set[str]:
+        with engine.connect() as conn:
+            return store.pending_among(conn, msg_ids)
+
+    return verify
 
 
 class AckBatcher:
@@ -89,4 +98,8 @@ class AckBatcher:
             await asyncio.gather(*list(self._flushes))
 
     def close(self) -> None:
-        self._db.shutdown(wait=True)
+        """Never blocks the loop: a write still running finishes on its own thread."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._db.shutdown(wait=False, cancel_futures=True)

@@ -16,13 +16,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from outbox.config import Settings
 from outbox.message import Message
-from relay.acks import AckBatcher, Finish
+from relay.acks import AckBatcher, Finish, Verify
 from relay.brokers import Broker
-from relay.brokers.base import Outcome, PublishResult
+from relay.brokers.base import Outcome, PublishResult, retry
 from relay.loop import BrokerLoop
 from relay.stats import Stats
 from relay.timewheel import TimeWheel
@@ -44,6 +45,7 @@ class Dispatcher:
         finish: Finish,
         settings: Settings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        verify: Verify | None = None,
     ) -> None:
         self._owns_loop = not isinstance(broker, BrokerLoop)
         self.relay = broker if isinstance(broker, BrokerLoop) else BrokerLoop(broker)
@@ -52,6 +54,7 @@ class Dispatcher:
         self.stats = Stats()
         self._clock = clock
         self._finish = finish
+        self._verify = verify
         self._queued = 0  # messages submitted and not yet taken by the loop
         self._count_lock = threading.Lock()
         self._accepting = False
@@ -74,9 +77,9 @@ class Dispatcher:
                 else 0
             )
             self._queued += taken
-        if taken == 0:
-            if self._accepting:
+            if taken == 0 and self._accepting:
                 self.stats.queue_full += len(messages)
+        if taken == 0:
             return 0
         now = self._clock()
         assert loop is not None
@@ -121,6 +124,7 @@ class Dispatcher:
         self._acks = AckBatcher(
             self._finish, self.stats, self.settings.ack_batch_size, self.settings.ack_flush_ms
         )
+        self._verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-verify")
         self._ticker = asyncio.create_task(self._tick())
         self._loop = asyncio.get_running_loop()
         with self._count_lock:
@@ -129,6 +133,9 @@ class Dispatcher:
     def _enqueue(self, deliveries: list[Delivery]) -> None:
         with self._count_lock:
             self._queued -= len(deliveries)
+        if self._stopping:  # raced with stop(): the rows stay for the sweeper
+            self.stats.dropped_at_stop += len(deliveries)
+            return
         self.stats.accepted += len(deliveries)
         self._queue.extend(deliveries)
         self._dispatch()
@@ -161,7 +168,8 @@ class Dispatcher:
 
     async def _publish(self, batch: list[Delivery]) -> None:
         try:
-            results = await self.broker.publish([d.message for d in batch])
+            batch = await self._committed_only(batch)
+            results = await self.broker.publish([d.message for d in batch]) if batch else []
         except Exception as exc:  # an adapter bug must not lose the batch from the schedule
             log.exception("broker.publish raised")
             results = [PublishResult(Outcome.RETRY, error=repr(exc)) for _ in batch]
@@ -172,6 +180,30 @@ class Dispatcher:
             self._settle(delivery, result, now)
         if not self._stopping:
             self._dispatch()
+
+    async def _committed_only(self, batch: list[Delivery]) -> list[Delivery]:
+        """Keep the deliveries whose rows are visible and pending; retry the others later.
+
+        A row not visible yet belongs to a transaction that has not really committed
+        (or never will): it goes to the time wheel like a failed publish, and if it
+        does commit later the retry or the sweeper takes it.
+        """
+        if self._verify is None:
+            return batch
+        loop = asyncio.get_running_loop()
+        try:
+            found = await loop.run_in_executor(
+                self._verifier, self._verify, [d.message.msg_id for d in batch]
+            )
+        except Exception as exc:
+            log.warning("verifying %d message(s) failed: %s", len(batch), exc.__class__.__name__)
+            found = set()
+        now = self._clock()
+        unseen = [d for d in batch if d.message.msg_id not in found]
+        for delivery in unseen:
+            self.stats.not_visible += 1
+            self._settle(delivery, retry("row not visible: transaction not committed"), now)
+        return [d for d in batch if d.message.msg_id in found] if unseen else batch
 
     def _settle(self, delivery: Delivery, result: PublishResult, now: float) -> None:
         if result.ok:
@@ -219,6 +251,7 @@ class Dispatcher:
         finally:
             self._ticker.cancel()
             self._acks.close()
+            self._verifier.shutdown(wait=False, cancel_futures=True)
 
     async def _finish_in_flight(self) -> None:
         while self._publishing:

@@ -20,6 +20,7 @@ class Stats:
     rejected: int = 0  # permanent broker error: left for the sweeper to dead-letter
     duplicates: int = 0  # the broker reported it already held the msg_id
     dropped_at_stop: int = 0
+    not_visible: int = 0  # handed over after COMMIT but the row was not there (yet)
     marked: int = 0  # rows marked sent (or deleted) after an ack
     mark_statements: int = 0  # statements that did it: one per batch, more only on retries
     mark_failed: int = 0  # acked but not marked: the sweeper will publish them again

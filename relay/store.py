@@ -40,6 +40,13 @@ def mark_sent_stmt(acks: Sequence[tuple[str, str]]) -> Update:
     )
 
 
+def pending_among(conn: Connection, msg_ids: Sequence[str]) -> set[str]:
+    """-- verify_commit -- which of these messages are committed and still pending."""
+    ids = [uuid.UUID(m) for m in msg_ids]
+    found = conn.execute(select(t.c.msg_id).where(t.c.msg_id.in_(ids), t.c.status == PENDING))
+    return {str(m) for m in found.scalars()}
+
+
 def delete_sent_stmt(acks: Sequence[tuple[str, str]]) -> Delete:
     """-- delete_sent -- the original's mode: acknowledged rows are removed at once."""
     ids = [uuid.UUID(msg_id) for msg_id, _ in acks]

@@ -75,7 +75,11 @@ class NatsBroker(Broker):
         )
         self._js = self._nc.jetstream(timeout=self.timeout)
         if self.stream:
-            await self.ensure_stream(self.stream, self.subjects)
+            try:
+                await self.ensure_stream(self.stream, self.subjects)
+            except BaseException:
+                await self.close()  # the next connect() starts clean: no leaked connection
+                raise
 
     async def ensure_stream(self, name: str, subjects: list[str]) -> None:
         """Create the stream if missing; an existing one is left as it is."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -217,3 +218,71 @@ def pg_backends(application_name: str) -> int:
         ).scalar_one()
     engine.dispose()
     return int(n)
+
+
+@pytest.fixture
+def quick_ob(pg_url: str, nats_server: NatsServer, stream: tuple[str, str]) -> Iterator[Outbox]:
+    """An outbox whose retry schedule ends within about 100 ms."""
+    migrate.upgrade(pg_url)
+    name, prefix = stream
+    outbox = Outbox(
+        pg_url,
+        broker=f"{nats_server.url}?stream={name}&subjects={prefix}.>",
+        retry_delays_ms=(0, 5, 10, 20, 50),
+        sweeper=False,
+    )
+    outbox.start()
+    yield outbox
+    outbox.stop(timeout=5)
+
+
+def test_commit_that_postgresql_turned_into_rollback_publishes_nothing(
+    quick_ob: Outbox, pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+) -> None:
+    """The app swallows a DB error and commits: PostgreSQL rolls back, after_commit fires anyway.
+
+    Without the relay's re-read of the rows this message would be a phantom.
+    """
+    from sqlalchemy.exc import DBAPIError
+
+    @quick_ob.transactional
+    def handler(session: Session) -> None:
+        quick_ob.send(session, f"{stream[1]}.inbound", b"must not be published")
+        with contextlib.suppress(DBAPIError):  # the app carries on; the tx is aborted
+            session.execute(text("SELECT 1/0"))
+
+    handler()
+    stats = quick_ob.stats
+    assert stats is not None
+    wait_until(lambda: stats.exhausted == 1, what="the schedule to give the message up")
+    assert stats.not_visible >= 1 and stats.published == 0
+    assert statuses(pg_url) == Counter()
+    assert stored(nats_server, stream) == []
+
+
+def test_session_joined_to_an_outer_transaction_that_rolls_back_publishes_nothing(
+    quick_ob: Outbox, pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+) -> None:
+    with quick_ob.engine.connect() as conn:
+        outer = conn.begin()
+        session = Session(bind=conn, join_transaction_mode="create_savepoint")
+        quick_ob.send(session, f"{stream[1]}.inbound", b"must not be published")
+        session.commit()  # releases a savepoint only
+        session.close()
+        stats = quick_ob.stats
+        assert stats is not None
+        wait_until(lambda: stats.not_visible >= 1, what="the relay to look while it is open")
+        outer.rollback()
+    wait_until(lambda: stats.exhausted == 1, what="the schedule to give the message up")
+    assert stats.published == 0
+    assert stored(nats_server, stream) == []
+
+
+def test_scoped_session_is_accepted(quick_ob: Outbox, pg_url: str, stream: tuple[str, str]) -> None:
+    from sqlalchemy.orm import scoped_session, sessionmaker
+
+    scoped = scoped_session(sessionmaker(quick_ob.engine))
+    quick_ob.send(scoped, f"{stream[1]}.scoped", b"x")
+    scoped.commit()
+    scoped.remove()
+    wait_until(lambda: statuses(pg_url)["sent"] == 1, what="the message sent")

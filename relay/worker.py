@@ -1,0 +1,75 @@
+"""Periodic jobs of the relay: the sweeper and the retention purge, on APScheduler.
+
+Used inside an app (``Outbox(..., sweeper=True)``, the default) and by the
+``outbox relay`` worker process; any number of either can run against one database.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy import Engine
+
+from outbox.config import Settings
+from relay.loop import BrokerLoop
+from relay.sweeper import Sweeper
+
+log = logging.getLogger("relay.worker")
+
+RETENTION_INTERVAL_S = 60.0
+
+
+class RelayJobs:
+    def __init__(
+        self,
+        engine: Engine,
+        relay: BrokerLoop,
+        settings: Settings,
+        concurrency: int = 1,
+        retention: bool = True,
+    ) -> None:
+        self.sweeper = Sweeper(engine, relay, settings)
+        self.settings = settings
+        self.concurrency = concurrency
+        self.retention = retention
+        self._scheduler: BackgroundScheduler | None = None
+
+    def start(self) -> None:
+        scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
+        scheduler.add_job(
+            self._sweep, "interval", seconds=self.settings.sweep_interval_s,
+            next_run_time=datetime.now(), id="sweep",
+        )  # fmt: skip
+        if self.retention:
+            scheduler.add_job(
+                self._purge, "interval", seconds=RETENTION_INTERVAL_S,
+                next_run_time=datetime.now(), id="retention",
+            )  # fmt: skip
+        scheduler.start()
+        self._scheduler = scheduler
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Let a running sweep finish (within ``timeout``); start no new one."""
+        scheduler, self._scheduler = self._scheduler, None
+        if scheduler is None:
+            return
+        done = threading.Thread(target=scheduler.shutdown, kwargs={"wait": True}, daemon=True)
+        done.start()
+        done.join(timeout)
+        if done.is_alive():
+            log.warning("a sweep was still running at the stop deadline; its rows stay pending")
+
+    def _sweep(self) -> None:
+        try:
+            self.sweeper.sweep(self.concurrency)
+        except Exception:  # the next interval tries again; a failing DB must not kill the job
+            log.exception("sweep failed")
+
+    def _purge(self) -> None:
+        try:
+            self.sweeper.purge()
+        except Exception:
+            log.exception("retention purge failed")
