@@ -1,33 +1,41 @@
 """The ``outbox`` command line.
 
-Exit codes: 0 success, 1 the operation failed (the message says why), 2 bad usage.
-Connection strings come from flags or OUTBOX_DB / OUTBOX_BROKER; passwords are
-masked in everything printed.
+Exit codes: 0 success, 1 the operation failed (the message says why), 2 bad usage,
+3 (status only) dead messages exist. Connection strings come from flags or
+OUTBOX_DB / OUTBOX_BROKER; passwords are masked in everything printed or logged.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from outbox import migrate
-from outbox.config import mask_url
+from outbox.config import Settings, check_broker_url, engine_from, mask_url
 from outbox.errors import OutboxError
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DEAD = 0, 1, 2, 3
+log = logging.getLogger("outbox.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="outbox",
-        description="Transactional outbox: schema, relay and operations.",
-        epilog="Exit codes: 0 success, 1 failure, 2 bad usage.",
+        description="Transactional outbox: schema, relay workers and operations.",
+        epilog="Exit codes: 0 success, 1 failure, 2 bad usage, 3 dead messages (status).",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
     mig = commands.add_parser(
         "migrate",
         help="create or upgrade the outbox tables (idempotent)",
@@ -36,7 +44,67 @@ def build_parser() -> argparse.ArgumentParser:
     add_db_flag(mig)
     mig.add_argument("--revision", default="head", help="target revision (default: head)")
     mig.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
+
+    rel = commands.add_parser(
+        "relay",
+        help="run a relay worker: sweeper and retention (until SIGTERM/SIGINT)",
+        description="Publish pending messages older than the sweeper age and purge old sent "
+        "rows. Run any number of workers, on any number of machines, against one database.",
+    )
+    add_db_flag(rel)
+    add_broker_flag(rel)
+    rel.add_argument(
+        "--concurrency", type=positive_int, default=1, help="sweeps side by side (default 1)"
+    )
+    rel.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between sweeps (default 1)"
+    )
+    rel.add_argument(
+        "--retention-days", type=float, default=3.0, help="keep sent rows this long (default 3)"
+    )
+    rel.add_argument(
+        "--stop-timeout", type=float, default=10.0, help="graceful stop deadline, s (default 10)"
+    )
+
+    st = commands.add_parser(
+        "status",
+        help="pending, oldest pending age, dead and recently sent, per topic",
+        description="Show the outbox's state per topic. Exit status 3 when dead messages exist.",
+    )
+    add_db_flag(st)
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+
+    req = commands.add_parser(
+        "requeue",
+        help="put dead (or selected) messages back to pending, attempts reset",
+        description="Requeue messages for the sweeper. Give at least one of --dead, --topic, --id.",
+    )
+    add_db_flag(req)
+    req.add_argument("--dead", action="store_true", help="only dead messages")
+    req.add_argument("--topic", help="only this topic")
+    req.add_argument(
+        "--id", dest="ids", nargs="+", default=[], metavar="MSG_ID", help="these msg_ids"
+    )
+
+    drn = commands.add_parser(
+        "drain",
+        help="publish everything pending now, once, with progress",
+        description="One-shot sweep of every pending message regardless of age and backoff, "
+        "for recovering a large backlog.",
+    )
+    add_db_flag(drn)
+    add_broker_flag(drn)
+    drn.add_argument(
+        "--concurrency", type=positive_int, default=2, help="sweeps side by side (default 2)"
+    )
     return parser
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
 
 
 def add_db_flag(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +112,14 @@ def add_db_flag(parser: argparse.ArgumentParser) -> None:
         "--db",
         default=os.environ.get("OUTBOX_DB"),
         help="SQLAlchemy database URL (default: $OUTBOX_DB)",
+    )
+
+
+def add_broker_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--broker",
+        default=os.environ.get("OUTBOX_BROKER"),
+        help="broker URL, e.g. nats://127.0.0.1:4222 (default: $OUTBOX_BROKER)",
     )
 
 
@@ -56,7 +132,140 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"migrate": cmd_migrate}
+def cmd_relay(args: argparse.Namespace) -> int:
+    from relay.brokers import broker_for
+    from relay.loop import BrokerLoop
+    from relay.worker import RelayJobs
+
+    settings = Settings(sweep_interval_s=args.interval, retention_s=args.retention_days * 86400)
+    engine = engine_from(args.db)
+    relay = BrokerLoop(broker_for(check_broker_url(args.broker) or ""), name="outbox-worker")
+    jobs = RelayJobs(engine, relay, settings, concurrency=args.concurrency)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    relay.start()
+    jobs.start()
+    log.info("relay worker started: db=%s broker=%s", mask_url(args.db), mask_url(args.broker))
+    stop.wait()
+    log.info("stopping (deadline %.0f s)", args.stop_timeout)
+    jobs.stop(args.stop_timeout)
+    relay.stop(2.0)
+    engine.dispose()
+    totals = jobs.sweeper.totals
+    log.info("relay worker stopped: sent=%d dead=%d", totals.sent, totals.dead)
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from relay import store
+
+    engine = engine_from(args.db)
+    with engine.connect() as conn:
+        now = store.db_clock(conn)
+        topics = store.status_by_topic(conn, now)
+    engine.dispose()
+    for row in topics:
+        oldest = row.pop("oldest_pending")
+        row["oldest_pending_age_s"] = round(age_seconds(now, oldest), 3) if oldest else None
+    totals: dict[str, Any] = {
+        k: sum(int(r[k]) for r in topics) for k in ("pending", "dead", "sent_1m", "sent_1h")
+    }
+    ages = [r["oldest_pending_age_s"] for r in topics if r["oldest_pending_age_s"] is not None]
+    totals["oldest_pending_age_s"] = max(ages) if ages else None
+    if args.json:
+        print(json.dumps({"now": now.isoformat(), "total": totals, "topics": topics}, default=str))
+    else:
+        print_status(topics, totals)
+    return EXIT_DEAD if totals["dead"] else EXIT_OK
+
+
+def age_seconds(now: datetime, then: datetime) -> float:
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=now.tzinfo)
+    return (now - then).total_seconds()
+
+
+def print_status(topics: list[dict[str, Any]], totals: dict[str, Any]) -> None:
+    header = ("topic", "pending", "oldest_pending_age_s", "dead", "sent_1m", "sent_1h")
+    rows = [[str(r.get(h, "")) if r.get(h) is not None else "-" for h in header] for r in topics]
+    rows.append(["TOTAL", *[str(totals[h]) if totals[h] is not None else "-" for h in header[1:]]])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    for row in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+
+
+def cmd_requeue(args: argparse.Namespace) -> int:
+    from relay import store
+
+    if not (args.dead or args.topic or args.ids):
+        print(
+            "outbox requeue: give --dead, --topic or --id (refusing to requeue everything)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    engine = engine_from(args.db)
+    with engine.begin() as conn:
+        count = conn.execute(store.requeue_stmt(args.dead, args.topic, args.ids)).rowcount
+    engine.dispose()
+    print(f"requeued {count} message(s)")
+    return EXIT_OK
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    from relay import store
+    from relay.brokers import broker_for
+    from relay.loop import BrokerLoop
+    from relay.sweeper import Sweeper
+
+    engine = engine_from(args.db)
+    with engine.connect() as conn:
+        total = store.pending_count(conn)
+    relay = BrokerLoop(broker_for(check_broker_url(args.broker) or ""), name="outbox-drain")
+    relay.start()
+    sweeper = Sweeper(engine, relay, Settings())
+    progress = Progress(total) if sys.stderr.isatty() else None
+    try:
+        result = sweeper.sweep(args.concurrency, min_age_s=0, due_only=False, on_batch=progress)
+    finally:
+        relay.stop(2.0)
+        engine.dispose()
+        if progress:
+            progress.close()
+    print(
+        f"drained: sent={result.sent} retry_later={result.failed} dead={result.dead}",
+        f"of {total} pending",
+    )
+    return EXIT_OK if result.failed == 0 and result.dead == 0 else EXIT_FAILED
+
+
+class Progress:
+    """A one-line progress bar on stderr, for terminals only."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done = max(total, 1), 0
+        self.lock = threading.Lock()
+
+    def __call__(self, claimed: int) -> None:
+        with self.lock:
+            self.done += claimed
+            share = min(1.0, self.done / self.total)
+            bar = "#" * int(share * 40)
+            sys.stderr.write(f"\r[{bar:<40}] {self.done}/{self.total}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "migrate": cmd_migrate,
+    "relay": cmd_relay,
+    "status": cmd_status,
+    "requeue": cmd_requeue,
+    "drain": cmd_drain,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,6 +273,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "db", "") is None:
         parser.error("--db is required (or set OUTBOX_DB)")
+    if getattr(args, "broker", "") is None:
+        parser.error("--broker is required (or set OUTBOX_BROKER)")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         return COMMANDS[args.command](args)
     except (OutboxError, SQLAlchemyError) as exc:

@@ -115,6 +115,7 @@ class Dispatcher:
     async def _setup(self) -> None:
         self._queue: collections.deque[Delivery] = collections.deque()
         self._in_flight = 0
+        self._checking = False  # a SELECT of rows to publish is running
         self._wheel_busy = asyncio.Event()
         self._publishing: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -143,14 +144,17 @@ class Dispatcher:
     def _dispatch(self) -> None:
         """Start publishing what is queued, as far as the in-flight limit allows.
 
-        Called where work appears (enqueue, retry due, a publish finished), so an idle
-        loop costs nothing and a message needs no extra hop through a pump task.
+        Called where work appears (enqueue, retry due, a publish or a check finished),
+        so an idle loop costs nothing. While one batch's rows are being checked, new
+        messages wait and are checked together next: one SELECT covers all that
+        arrived meanwhile, like group commit.
         """
-        while self._queue and self._in_flight < self.settings.max_in_flight:
+        while self._queue and not self._checking and self._in_flight < self.settings.max_in_flight:
             batch = self._take_batch()
             if not batch:
                 continue
             self._in_flight += len(batch)
+            self._checking = self._verify is not None
             task = asyncio.get_running_loop().create_task(self._publish(batch))
             self._publishing.add(task)
             task.add_done_callback(self._publishing.discard)
@@ -166,15 +170,16 @@ class Dispatcher:
                 batch.append(delivery)
         return batch
 
-    async def _publish(self, batch: list[Delivery]) -> None:
+    async def _publish(self, taken: list[Delivery]) -> None:
+        batch: list[Delivery] = []
         try:
-            batch = await self._committed_only(batch)
+            batch = await self._committed_only(taken)
             results = await self.broker.publish([d.message for d in batch]) if batch else []
         except Exception as exc:  # an adapter bug must not lose the batch from the schedule
             log.exception("broker.publish raised")
             results = [PublishResult(Outcome.RETRY, error=repr(exc)) for _ in batch]
         finally:
-            self._in_flight -= len(batch)
+            self._in_flight -= len(taken)
         now = self._clock()
         for delivery, result in zip(batch, results, strict=True):
             self._settle(delivery, result, now)
@@ -198,6 +203,10 @@ class Dispatcher:
         except Exception as exc:
             log.warning("verifying %d message(s) failed: %s", len(batch), exc.__class__.__name__)
             found = set()
+        finally:
+            self._checking = False
+            if not self._stopping:
+                self._dispatch()  # check what arrived meanwhile while this batch publishes
         now = self._clock()
         unseen = [d for d in batch if d.message.msg_id not in found]
         for delivery in unseen:

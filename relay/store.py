@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -16,16 +16,18 @@ from sqlalchemy import (
     Delete,
     Select,
     Update,
+    and_,
     bindparam,
     case,
     delete,
+    func,
     or_,
     select,
     true,
     update,
 )
 
-from outbox.table import PENDING, SENT, db_now, outbox_message
+from outbox.table import DEAD, PENDING, SENT, db_now, outbox_message
 
 t = outbox_message
 
@@ -110,3 +112,54 @@ def purge_sent(conn: Connection, older_than: datetime, limit: int) -> int:
     if not ids:
         return 0
     return conn.execute(delete(t).where(t.c.id.in_(ids), t.c.status == SENT)).rowcount
+
+
+def status_by_topic(conn: Connection, now: datetime) -> list[dict[str, Any]]:
+    """-- status -- per topic: pending, oldest pending, dead, sent in the last minute/hour."""
+
+    def count_if(condition: Any) -> Any:
+        return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
+
+    query = (
+        select(
+            t.c.topic,
+            count_if(t.c.status == PENDING).label("pending"),
+            func.min(case((t.c.status == PENDING, t.c.created_at))).label("oldest_pending"),
+            count_if(t.c.status == DEAD).label("dead"),
+            count_if(and_(t.c.status == SENT, t.c.sent_at >= now - timedelta(minutes=1))).label(
+                "sent_1m"
+            ),
+            count_if(and_(t.c.status == SENT, t.c.sent_at >= now - timedelta(hours=1))).label(
+                "sent_1h"
+            ),
+        )
+        .group_by(t.c.topic)
+        .order_by(t.c.topic)
+    )
+    return [dict(row._mapping) for row in conn.execute(query)]
+
+
+def requeue_stmt(dead_only: bool, topic: str | None, msg_ids: Sequence[str]) -> Update:
+    """-- requeue -- back to pending with attempts reset; never touches pending rows."""
+    conditions = [t.c.status == DEAD] if dead_only else [t.c.status != PENDING]
+    if topic is not None:
+        conditions.append(t.c.topic == topic)
+    if msg_ids:
+        conditions.append(t.c.msg_id.in_([uuid.UUID(m) for m in msg_ids]))
+    return (
+        update(t)
+        .where(*conditions)
+        .values(
+            status=PENDING,
+            attempts=0,
+            next_attempt_at=None,
+            last_error=None,
+            sent_at=None,
+            receipt=None,
+        )
+    )
+
+
+def pending_count(conn: Connection) -> int:
+    """-- pending_count -- for progress reports."""
+    return int(conn.execute(select(func.count()).where(t.c.status == PENDING)).scalar_one())

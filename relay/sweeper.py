@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -79,7 +79,11 @@ class Sweeper:
         return result
 
     def sweep(
-        self, concurrency: int = 1, min_age_s: float | None = None, due_only: bool = True
+        self,
+        concurrency: int = 1,
+        min_age_s: float | None = None,
+        due_only: bool = True,
+        on_batch: Callable[[int], None] | None = None,
     ) -> SweepResult:
         """Sweep until no full batch is left, with ``concurrency`` sweeps side by side."""
 
@@ -88,6 +92,8 @@ class Sweeper:
             while True:
                 batch = self.sweep_once(min_age_s, due_only)
                 done += batch
+                if on_batch is not None and batch.claimed:
+                    on_batch(batch.claimed)
                 if batch.claimed < self.settings.sweep_batch:
                     return done
 
