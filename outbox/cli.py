@@ -279,6 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        if getattr(args, "broker", None):
+            check_broker_url(args.broker)  # a bad broker URL fails before any DB work
         return COMMANDS[args.command](args)
     except (OutboxError, SQLAlchemyError) as exc:
         print(f"outbox {args.command}: {describe_error(exc)}", file=sys.stderr)
@@ -290,7 +292,8 @@ def describe_error(exc: Exception) -> str:
     if isinstance(exc, SQLAlchemyError):
         orig = getattr(exc, "orig", None)
         text = str(orig if orig is not None else exc).strip().splitlines()[0]
-        return f"{type(exc).__name__}: {text}"
+        hint = " (run `outbox migrate` first)" if "outbox_message" in text else ""
+        return f"{type(exc).__name__}: {text}{hint}"
     return str(exc)
 
 

@@ -1,0 +1,174 @@
+"""The `outbox` command line as operators run it: real processes, PostgreSQL, nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, func, select, update
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
+
+from outbox import Outbox, migrate, outbox_message
+from relay.brokers.nats import read_stream
+from relay.embedded import NatsServer
+from tests.helpers import wait_until
+
+t = outbox_message
+OUTBOX = str(Path(sys.executable).with_name("outbox"))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [OUTBOX, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
+
+
+def seed(pg_url: str, statuses: list[str], topic: str = "cli.x") -> list[str]:
+    migrate.upgrade(pg_url)
+    engine = create_engine(pg_url, poolclass=NullPool)
+    ob = Outbox(engine)
+    with Session(engine) as session, session.begin():
+        ids = [ob.send(session, topic, b"x") for _ in statuses]
+    with engine.begin() as conn:
+        for msg_id, status in zip(ids, statuses, strict=True):
+            conn.execute(
+                update(t)
+                .where(t.c.msg_id == uuid.UUID(msg_id))
+                .values(status=status, sent_at=func.now() if status == "sent" else None, attempts=5)
+            )
+    engine.dispose()
+    return ids
+
+
+def count(pg_url: str, status: str) -> int:
+    engine = create_engine(pg_url, poolclass=NullPool)
+    with engine.connect() as conn:
+        n = conn.execute(select(func.count()).where(t.c.status == status)).scalar_one()
+    engine.dispose()
+    return int(n)
+
+
+@pytest.mark.parametrize("command", ["migrate", "relay", "status", "requeue", "drain"])
+def test_every_command_explains_itself(command: str) -> None:
+    done = cli(command, "--help")
+    assert done.returncode == 0 and "--db" in done.stdout
+
+
+def test_status_reports_per_topic_and_flags_dead(pg_url: str) -> None:
+    seed(pg_url, ["pending", "pending", "dead", "sent"])
+    done = cli("status", "--db", pg_url, "--json")
+    assert done.returncode == 3, done.stderr  # dead messages exist
+    report = json.loads(done.stdout)
+    [topic] = report["topics"]
+    assert (topic["topic"], topic["pending"], topic["dead"], topic["sent_1m"]) == ("cli.x", 2, 1, 1)
+    assert report["total"]["oldest_pending_age_s"] >= 0
+    table = cli("status", "--db", pg_url)
+    assert "TOTAL" in table.stdout and "cli.x" in table.stdout
+
+
+def test_requeue_dead_resets_attempts(pg_url: str) -> None:
+    ids = seed(pg_url, ["dead", "dead", "sent"])
+    refused = cli("requeue", "--db", pg_url)
+    assert refused.returncode == 2 and "refusing" in refused.stderr
+    done = cli("requeue", "--db", pg_url, "--dead")
+    assert done.returncode == 0 and "requeued 2" in done.stdout
+    engine = create_engine(pg_url, poolclass=NullPool)
+    with engine.connect() as conn:
+        rows = conn.execute(select(t.c.msg_id, t.c.status, t.c.attempts)).all()
+    engine.dispose()
+    assert {(str(m), s, a) for m, s, a in rows} == {
+        (ids[0], "pending", 0),
+        (ids[1], "pending", 0),
+        (ids[2], "sent", 5),
+    }
+
+
+def test_drain_publishes_every_pending_row(
+    pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+) -> None:
+    name, prefix = stream
+    ids = seed(pg_url, ["pending"] * 1200, topic=f"{prefix}.backlog")
+    done = cli(
+        "drain", "--db", pg_url, "--broker", f"{nats_server.url}?stream={name}&subjects={prefix}.>"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "drained: sent=1200" in done.stdout
+    assert count(pg_url, "pending") == 0
+    stored = asyncio.run(read_stream(nats_server.url, name))
+    assert sorted(m.msg_id for m in stored) == sorted(ids)
+
+
+def test_bad_urls_give_one_clear_line() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("OUTBOX_DB", "OUTBOX_BROKER")}
+    done = cli("drain", "--db", "sqlite://", "--broker", "kafka://h:1", env=env)
+    assert done.returncode == 1 and "no supported scheme" in done.stderr
+    assert "Traceback" not in done.stderr
+    missing = cli("relay", "--db", "sqlite://", env=env)
+    assert missing.returncode == 2 and "--broker is required" in missing.stderr
+    unmigrated = cli("status", "--db", "sqlite://", env=env)
+    assert unmigrated.returncode == 1 and "run `outbox migrate` first" in unmigrated.stderr
+
+
+APP = textwrap.dedent(
+    """
+    import os, sys
+    from sqlalchemy.orm import Session
+    from outbox import Outbox
+    ob = Outbox(os.environ["OUTBOX_DB"], broker=os.environ["OUTBOX_BROKER"], sweeper=False)
+    ob.start()
+    with Session(ob.engine) as session, session.begin():
+        for i in range(5000):
+            ob.send(session, os.environ["TOPIC"], {"i": i})
+    print("committed", flush=True)  # all 5,000 are in memory now, few published yet
+    sys.stdin.read()  # wait here, messages still in memory, until killed
+    """
+)
+
+
+def test_worker_delivers_what_a_killed_app_left_in_memory(
+    pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+) -> None:
+    """SIGKILL right after 5,000 commits; an `outbox relay` worker must deliver every one."""
+    name, prefix = stream
+    migrate.upgrade(pg_url)
+    broker = f"{nats_server.url}?stream={name}&subjects={prefix}.>"
+    env = {**os.environ, "OUTBOX_DB": pg_url, "OUTBOX_BROKER": broker, "TOPIC": f"{prefix}.orders"}
+    app = subprocess.Popen(
+        [sys.executable, "-c", APP],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert app.stdout is not None and app.stdout.readline().strip() == "committed"
+    app.send_signal(signal.SIGKILL)
+    app.wait(10)
+    left = count(pg_url, "pending")
+    worker = subprocess.Popen(
+        [OUTBOX, "relay", "--interval", "0.2"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_until(lambda: count(pg_url, "pending") == 0, timeout=60, what="the worker to drain")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, log = worker.communicate(timeout=30)
+    assert worker.returncode == 0, log
+    assert "sweep: claimed=" in log and "relay worker stopped" in log
+    assert count(pg_url, "sent") == 5000
+    ids = [m.msg_id for m in asyncio.run(read_stream(nats_server.url, name))]
+    assert len(set(ids)) == 5000, "lost = 0"
+    duplicates = len(ids) - len(set(ids))
+    print(f"\nleft pending by the killed app: {left}; duplicates at the broker: {duplicates}")
