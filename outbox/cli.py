@@ -25,6 +25,7 @@ from outbox.config import Settings, check_broker_url, engine_from, mask_url
 from outbox.errors import OutboxError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DEAD = 0, 1, 2, 3
+DRAIN_PASSES = 3
 log = logging.getLogger("outbox.cli")
 
 
@@ -228,6 +229,13 @@ def cmd_drain(args: argparse.Namespace) -> int:
     progress = Progress(total) if sys.stderr.isatty() else None
     try:
         result = sweeper.sweep(args.concurrency, min_age_s=0, due_only=False, on_batch=progress)
+        for _ in range(DRAIN_PASSES - 1):  # failed rows are pending again: give them more tries
+            if result.failed == 0:
+                break
+            again = sweeper.sweep(args.concurrency, min_age_s=0, due_only=False, on_batch=progress)
+            result.sent += again.sent
+            result.dead += again.dead
+            result.failed = again.failed
     finally:
         relay.stop(2.0)
         engine.dispose()

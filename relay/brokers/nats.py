@@ -146,21 +146,36 @@ def _one(query: dict[str, list[str]], name: str) -> str | None:
 
 
 async def read_stream(url: str, stream: str) -> list[StoredMessage]:
-    """Every message the stream holds, in sequence order (for checks and exports)."""
+    """Every message the stream holds, in sequence order (for checks and exports).
+
+    Deleted sequences are skipped; any other failure to read one raises, so a
+    reader never reports a message as missing because a request timed out.
+    """
     nc = await nats.connect(servers=[url], name="outbox-reader", connect_timeout=2)
     try:
         js = nc.jetstream(timeout=5)
         state = (await js.stream_info(stream)).state
         found: list[StoredMessage] = []
         for start in range(state.first_seq, state.last_seq + 1, 256):
-            stop = min(start + 256, state.last_seq + 1)
-            chunk = await asyncio.gather(
-                *(js.get_msg(stream, seq) for seq in range(start, stop)), return_exceptions=True
-            )
-            found += [StoredMessage.of(raw) for raw in chunk if not isinstance(raw, BaseException)]
+            seqs = range(start, min(start + 256, state.last_seq + 1))
+            chunk = await asyncio.gather(*(_get(js, stream, seq) for seq in seqs))
+            found += [msg for msg in chunk if msg is not None]
         return found
     finally:
         await nc.close()
+
+
+async def _get(js: JetStreamContext, stream: str, seq: int, tries: int = 3) -> StoredMessage | None:
+    for attempt in range(tries):
+        try:
+            return StoredMessage.of(await js.get_msg(stream, seq))
+        except nats.js.errors.NotFoundError:
+            return None  # deleted from the stream
+        except (TimeoutError, nats.errors.Error):
+            if attempt == tries - 1:
+                raise
+            await asyncio.sleep(0.1 * (attempt + 1))
+    return None
 
 
 @dataclass(frozen=True, slots=True)
