@@ -161,6 +161,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10, help="length of each phase")
     parser.add_argument("--threads", type=int, default=4, help="app threads")
     parser.add_argument(
+        "--no-verify", action="store_true", help="verify_commit=False: no re-read before publishing"
+    )
+    parser.add_argument(
         "--per-tx", type=int, default=1, help="messages per transaction (latency phase)"
     )
     args = parser.parse_args()
@@ -172,7 +175,8 @@ def main() -> None:
         business.create_all(engine)
         with engine.begin() as conn:
             conn.execute(stock.insert(), [{"sku": f"SKU-{i:03d}", "qty": 0} for i in range(100)])
-        ob = Outbox(engine, broker=f"{server.url}?stream=BENCH&subjects=bench.>")
+        options = {"verify_commit": not args.no_verify, "sweeper": False}
+        ob = Outbox(engine, broker=f"{server.url}?stream=BENCH&subjects=bench.>", **options)
         ob.start()
         tx_rate = args.rate / args.per_tx
         reached = args.per_tx * paced(
@@ -217,7 +221,7 @@ def main() -> None:
             ),
         ]
         ob.stop()
-        burst = Outbox(engine, broker=f"{server.url}?stream=BENCH&subjects=bench.>")
+        burst = Outbox(engine, broker=f"{server.url}?stream=BENCH&subjects=bench.>", **options)
         burst.start()
         saturate(burst, args)
         s = burst.stats
@@ -257,7 +261,9 @@ def verdict(ok: bool, target: str) -> str:
 
 
 def print_table(rows: list[tuple[str, str, str]], args: argparse.Namespace) -> None:
+    verify = "off" if args.no_verify else "on"
     print(f"\nfast path: {args.threads} app threads, {args.per_tx} message(s) per transaction,")
+    print(f"verify_commit {verify},", end=" ")
     print(
         f"{args.seconds:.0f} s per phase, {os.cpu_count()} CPUs shared by app, PostgreSQL and NATS"
     )

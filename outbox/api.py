@@ -184,9 +184,9 @@ class Outbox:
         if self._owns_engine:
             self.engine.dispose()
 
-    def _on_commit(self, messages: list[Message]) -> None:
+    def _on_commit(self, messages: list[Message], certain: bool) -> None:
         dispatcher = self._dispatcher
-        taken = dispatcher.submit(messages) if dispatcher is not None else 0
+        taken = dispatcher.submit(messages, check=not certain) if dispatcher is not None else 0
         with self._count_lock:
             self.committed += len(messages)
             self.handed_off += taken

@@ -15,15 +15,20 @@ import logging
 import threading
 from collections.abc import Callable
 
-from sqlalchemy import event
+from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, SessionTransaction
 
 from outbox.message import Message
 
 log = logging.getLogger("outbox.tracking")
 
-OnCommit = Callable[[list[Message]], None]
+# on_commit(messages, certain): certain is False when the commit could not be proven
+# from the connection's own state; the relay then re-reads the rows before publishing.
+OnCommit = Callable[[list[Message], bool], None]
 PENDING_KEY = "outbox.pending"
+OUTLOOK_KEY = "outbox.outlook"
+CERTAIN, UNCERTAIN, DOOMED = "certain", "uncertain", "doomed"
+PG_TRANSACTION_INERROR = 3  # libpq PQTRANS_INERROR: the COMMIT will be a ROLLBACK
 
 _registered = False
 _register_lock = threading.Lock()
@@ -40,18 +45,50 @@ def remember(session: Session, message: Message, on_commit: OnCommit) -> None:
     pending.append((current, message, on_commit))
 
 
+def _before_commit(session: Session) -> None:
+    if session.info.get(PENDING_KEY) and session.get_nested_transaction() is None:
+        session.info[OUTLOOK_KEY] = commit_outlook(session)
+
+
+def commit_outlook(session: Session) -> str:
+    """Will this COMMIT really commit? Judged from the connection, before it is sent.
+
+    PostgreSQL answers COMMIT of an aborted transaction (an error the app caught and
+    ignored) with ROLLBACK, and drivers raise nothing; SQLAlchemy then still fires
+    after_commit. A session bound to a Connection may only have joined an outer
+    transaction that can still roll back: that is "uncertain", checked by the relay.
+    """
+    from outbox.table import outbox_message
+
+    if not isinstance(session.get_bind(clause=outbox_message), Engine):
+        return UNCERTAIN
+    conn = session.connection(bind_arguments={"clause": outbox_message})
+    driver = conn.connection.driver_connection
+    info = getattr(driver, "info", None)  # psycopg 3
+    status = getattr(info, "transaction_status", None)
+    if status is None and hasattr(driver, "get_transaction_status"):  # psycopg2
+        status = driver.get_transaction_status()  # type: ignore[union-attr]
+    return DOOMED if status is not None and int(status) == PG_TRANSACTION_INERROR else CERTAIN
+
+
 def _after_commit(session: Session) -> None:
     if session.get_nested_transaction() is not None:
         return  # a savepoint was released; the outer transaction may still roll back
     pending = session.info.pop(PENDING_KEY, None)
+    outlook = session.info.pop(OUTLOOK_KEY, UNCERTAIN)
     if not pending:
+        return
+    if outlook == DOOMED:
+        log.warning(
+            "COMMIT of an aborted transaction rolled back: %d message(s) dropped", len(pending)
+        )
         return
     by_target: dict[OnCommit, list[Message]] = {}
     for _, message, on_commit in pending:
         by_target.setdefault(on_commit, []).append(message)
     for on_commit, messages in by_target.items():
         try:
-            on_commit(messages)
+            on_commit(messages, outlook == CERTAIN)
         except Exception:  # the rows are committed; the sweeper will publish them
             log.exception("hand-off of %d committed message(s) failed", len(messages))
 
@@ -65,6 +102,7 @@ def _after_soft_rollback(session: Session, rolled_back: SessionTransaction) -> N
 def _after_transaction_end(session: Session, ended: SessionTransaction) -> None:
     if ended.parent is None:
         session.info.pop(PENDING_KEY, None)  # closed without commit: nothing survives it
+        session.info.pop(OUTLOOK_KEY, None)
 
 
 def _within(trans: SessionTransaction | None, ancestor: SessionTransaction) -> bool:
@@ -80,6 +118,7 @@ def _register_listeners() -> None:
     with _register_lock:
         if _registered:
             return
+        event.listen(Session, "before_commit", _before_commit)
         event.listen(Session, "after_commit", _after_commit)
         event.listen(Session, "after_soft_rollback", _after_soft_rollback)
         event.listen(Session, "after_transaction_end", _after_transaction_end)

@@ -36,6 +36,7 @@ class Delivery:
     message: Message
     committed: float  # clock() at commit: the start of commit->ack latency
     attempt: int = 0  # index into retry_delays_ms of the attempt being made
+    check: bool = True  # re-read the row before publishing
 
 
 class Dispatcher:
@@ -62,11 +63,12 @@ class Dispatcher:
 
     # -- app threads --------------------------------------------------------------
 
-    def submit(self, messages: Sequence[Message]) -> int:
+    def submit(self, messages: Sequence[Message], check: bool = True) -> int:
         """Queue committed messages for publishing; returns how many were taken.
 
         Never blocks: a message not taken (queue full, relay stopped) is still in the
-        table and the sweeper will publish it.
+        table and the sweeper will publish it. ``check``: re-read the rows before
+        publishing (the commit could not be proven by the app side).
         """
         loop = self._loop
         with self._count_lock:
@@ -83,7 +85,8 @@ class Dispatcher:
             return 0
         now = self._clock()
         assert loop is not None
-        loop.call_soon_threadsafe(self._enqueue, [Delivery(m, now) for m in messages])
+        check = check and self._verify is not None
+        loop.call_soon_threadsafe(self._enqueue, [Delivery(m, now, check=check) for m in messages])
         return taken
 
     def start(self, timeout: float = 10.0) -> None:
@@ -154,7 +157,7 @@ class Dispatcher:
             if not batch:
                 continue
             self._in_flight += len(batch)
-            self._checking = self._verify is not None
+            self._checking = any(d.check for d in batch)
             task = asyncio.get_running_loop().create_task(self._publish(batch))
             self._publishing.add(task)
             task.add_done_callback(self._publishing.discard)
@@ -189,30 +192,36 @@ class Dispatcher:
     async def _committed_only(self, batch: list[Delivery]) -> list[Delivery]:
         """Keep the deliveries whose rows are visible and pending; retry the others later.
 
-        A row not visible yet belongs to a transaction that has not really committed
-        (or never will): it goes to the time wheel like a failed publish, and if it
-        does commit later the retry or the sweeper takes it.
+        Only deliveries marked ``check`` are looked up. A row not visible yet belongs
+        to a transaction that has not really committed (or never will): it goes to the
+        time wheel like a failed publish; if it does commit later, a retry or the
+        sweeper takes it.
         """
-        if self._verify is None:
+        to_check = [d for d in batch if d.check]
+        if not to_check or self._verify is None:
             return batch
         loop = asyncio.get_running_loop()
         try:
             found = await loop.run_in_executor(
-                self._verifier, self._verify, [d.message.msg_id for d in batch]
+                self._verifier, self._verify, [d.message.msg_id for d in to_check]
             )
         except Exception as exc:
-            log.warning("verifying %d message(s) failed: %s", len(batch), exc.__class__.__name__)
+            log.warning("verifying %d message(s) failed: %s", len(to_check), exc.__class__.__name__)
             found = set()
         finally:
             self._checking = False
             if not self._stopping:
                 self._dispatch()  # check what arrived meanwhile while this batch publishes
         now = self._clock()
-        unseen = [d for d in batch if d.message.msg_id not in found]
-        for delivery in unseen:
-            self.stats.not_visible += 1
-            self._settle(delivery, retry("row not visible: transaction not committed"), now)
-        return [d for d in batch if d.message.msg_id in found] if unseen else batch
+        kept: list[Delivery] = []
+        for delivery in batch:
+            if not delivery.check or delivery.message.msg_id in found:
+                delivery.check = False  # seen committed once: retries need no new look
+                kept.append(delivery)
+            else:
+                self.stats.not_visible += 1
+                self._settle(delivery, retry("row not visible: transaction not committed"), now)
+        return kept
 
     def _settle(self, delivery: Delivery, result: PublishResult, now: float) -> None:
         if result.ok:

@@ -156,7 +156,9 @@ async def read_stream(url: str, stream: str) -> list[StoredMessage]:
         js = nc.jetstream(timeout=5)
         state = (await js.stream_info(stream)).state
         found: list[StoredMessage] = []
-        for start in range(state.first_seq, state.last_seq + 1, 256):
+        if state.messages == 0:
+            return found
+        for start in range(max(state.first_seq, 1), state.last_seq + 1, 256):
             seqs = range(start, min(start + 256, state.last_seq + 1))
             chunk = await asyncio.gather(*(_get(js, stream, seq) for seq in seqs))
             found += [msg for msg in chunk if msg is not None]
