@@ -12,7 +12,7 @@ __all__ = ["Broker", "Outcome", "PublishResult", "broker_for"]
 
 
 def broker_for(url: str) -> Broker:
-    """A not yet connected adapter for ``url`` (``nats://``; ``memory://`` in tests)."""
+    """A not yet connected adapter for ``url``: nats://, redis:// (memory:// in tests)."""
     scheme = urlsplit(url).scheme
     if scheme in ("nats", "tls"):
         try:
@@ -22,6 +22,14 @@ def broker_for(url: str) -> Broker:
                 "broker: nats:// needs the 'nats' extra: pip install 'outbox-relay[nats]'"
             ) from None
         return NatsBroker(url)
+    if scheme in ("redis", "rediss"):
+        try:
+            from relay.brokers.redis import RedisBroker
+        except ImportError:
+            raise ConfigError(
+                "broker: redis:// needs the 'redis' extra: pip install 'outbox-relay[redis]'"
+            ) from None
+        return RedisBroker(url)
     if scheme == "memory":
         from relay.brokers.memory import MemoryBroker
 

@@ -15,14 +15,14 @@ Policy = Callable[[Message], PublishResult | None]
 
 @dataclass
 class MemoryBroker(Broker):
-    """Stores every accepted publish (duplicates included) in ``published``."""
+    """Keeps accepted messages in ``published``; drops a second copy of a msg_id, like JetStream."""
 
     policy: Policy | None = None
     delay: float = 0.0  # seconds each batch takes, to keep publishes in flight
     published: list[Message] = field(default_factory=list)
     connected: bool = False
     batches: int = 0
-    _seen: set[str] = field(default_factory=set)
+    _receipts: dict[str, str] = field(default_factory=dict)
 
     async def connect(self) -> None:
         self.connected = True
@@ -37,10 +37,12 @@ class MemoryBroker(Broker):
         verdict = self.policy(message) if self.policy else None
         if verdict is not None:
             return verdict
-        duplicate = message.msg_id in self._seen
-        self._seen.add(message.msg_id)
+        known = self._receipts.get(message.msg_id)
+        if known is not None:
+            return ok(known, duplicate=True)
         self.published.append(message)
-        return ok(str(len(self.published)), duplicate=duplicate)
+        receipt = self._receipts[message.msg_id] = str(len(self.published))
+        return ok(receipt)
 
     async def close(self) -> None:
         self.connected = False

@@ -1,0 +1,89 @@
+"""Redis Streams adapter.
+
+Mapping: topic -> stream key (``<prefix><topic>``, no prefix by default); one XADD per
+message with the fields ``msg_id``, ``payload``, ``headers`` (JSON, with key and tags
+as ``Outbox-Key`` / ``Outbox-Tags``); receipt -> the entry id (``<ms>-<seq>``).
+
+Redis has no broker-side deduplication before 8.6: a message published twice (a
+crash between publish and mark) is stored twice, so consumers dedupe by ``msg_id``.
+
+URL: ``redis://[:password@]host:port[/db][?prefix=outbox:&maxlen=1000000&timeout=1]``
+(``rediss://`` for TLS). ``maxlen`` trims streams approximately (``MAXLEN ~``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from urllib.parse import parse_qs, urlsplit
+
+import redis.asyncio as aioredis
+import redis.exceptions
+
+from outbox.errors import ConfigError
+from outbox.message import Message
+from relay.brokers.base import Broker, PublishResult, ok, permanent, relay_headers, retry
+
+RETRYABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+class RedisBroker(Broker):
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        query = parse_qs(parts.query)
+        self.url = parts._replace(query="").geturl()
+        self.prefix = query.get("prefix", [""])[-1]
+        try:
+            maxlen = query.get("maxlen", [None])[-1]
+            self.maxlen = int(maxlen) if maxlen else None
+            self.timeout = float(query.get("timeout", ["1"])[-1])
+        except ValueError:
+            raise ConfigError(
+                "broker: 'maxlen' must be an integer and 'timeout' a number"
+            ) from None
+        self._client: aioredis.Redis | None = None
+
+    async def connect(self) -> None:
+        client = aioredis.from_url(
+            self.url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout
+        )
+        await client.ping()  # fail here, not at the first publish, when the URL is wrong
+        self._client = client
+
+    async def publish(self, messages: Sequence[Message]) -> list[PublishResult]:
+        if self._client is None:
+            return [retry("not connected") for _ in messages]
+        pipe = self._client.pipeline(transaction=False)
+        for message in messages:
+            pipe.xadd(
+                self.prefix + message.topic,
+                fields(message),  # type: ignore[arg-type]
+                maxlen=self.maxlen,
+                approximate=self.maxlen is not None,
+            )
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except RETRYABLE as exc:
+            return [retry(f"{type(exc).__name__}: {exc}") for _ in messages]
+        return [result_of(reply) for reply in replies]
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+
+def fields(message: Message) -> dict[str | bytes, str | bytes]:
+    return {
+        "msg_id": message.msg_id,
+        "payload": message.payload,
+        "headers": json.dumps(relay_headers(message), separators=(",", ":")),
+    }
+
+
+def result_of(reply: object) -> PublishResult:
+    if isinstance(reply, RETRYABLE):
+        return retry(f"{type(reply).__name__}: {reply}")
+    if isinstance(reply, Exception):  # WRONGTYPE and other refusals will not change
+        return permanent(f"{type(reply).__name__}: {reply}")
+    return ok(reply.decode() if isinstance(reply, bytes) else str(reply))

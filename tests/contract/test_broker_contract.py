@@ -1,0 +1,242 @@
+"""One contract for every broker adapter: NATS JetStream, Redis Streams, in-memory.
+
+Each adapter must answer one result per message, in order, with a receipt; keep a
+permanent failure to its own message; answer "retry" while the broker is down; and
+publish again once it is back, without a new adapter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+
+from outbox.message import Message, build_message
+from relay.brokers import broker_for
+from relay.brokers.base import Broker, Outcome, permanent, relay_headers
+from relay.brokers.memory import MemoryBroker
+from relay.brokers.nats import read_stream
+from relay.embedded import NatsServer
+from tests.servers import RedisServer
+
+
+@dataclass
+class Harness:
+    name: str
+    prefix: str
+    make: Callable[[], Broker]
+    read: Callable[[Broker, str], list[dict[str, Any]]]  # what the broker holds for a topic
+    poison: Callable[[str], Message]  # a message this broker refuses for good
+    dedup: bool  # the broker drops a second copy of a msg_id
+    server: Any = None  # has stop() and start() when the broker can be restarted
+
+
+def nats_harness(server: NatsServer, prefix: str) -> Harness:
+    stream = f"C_{prefix}"
+
+    def read(broker: Broker, topic: str) -> list[dict[str, Any]]:
+        stored = asyncio.run(read_stream(server.url, stream))
+        return [
+            {
+                "msg_id": m.msg_id,
+                "receipt": f"{stream}:{m.seq}",
+                "headers": m.headers,
+                "payload": m.data,
+            }
+            for m in stored
+            if m.subject == topic
+        ]
+
+    return Harness(
+        "nats",
+        prefix,
+        lambda: broker_for(f"{server.url}?stream={stream}&subjects={prefix}.>"),
+        read,
+        lambda topic: build_message(topic, b"x" * (1024 * 1024), max_payload_bytes=2**21),
+        dedup=True,
+        server=server,
+    )
+
+
+def redis_harness(server: RedisServer, prefix: str) -> Harness:
+    def read(broker: Broker, topic: str) -> list[dict[str, Any]]:
+        client = redis.Redis.from_url(server.url)
+        entries = client.xrange(topic)
+        client.close()
+        return [
+            {
+                "msg_id": f[b"msg_id"].decode(),
+                "receipt": entry_id.decode(),
+                "headers": json.loads(f[b"headers"]),
+                "payload": f[b"payload"],
+            }
+            for entry_id, f in entries
+        ]
+
+    def poison(topic: str) -> Message:
+        client = redis.Redis.from_url(server.url)
+        client.set(topic, "not a stream")  # XADD to it fails with WRONGTYPE
+        client.close()
+        return build_message(topic, b"x", max_payload_bytes=100)
+
+    return Harness(
+        "redis", prefix, lambda: broker_for(server.url), read, poison, dedup=False, server=server
+    )
+
+
+def memory_harness(prefix: str) -> Harness:
+    def make() -> Broker:
+        return MemoryBroker(
+            policy=lambda m: permanent("refused") if m.topic.endswith(".poison") else None
+        )
+
+    def read(broker: Broker, topic: str) -> list[dict[str, Any]]:
+        assert isinstance(broker, MemoryBroker)
+        return [
+            {
+                "msg_id": m.msg_id,
+                "receipt": str(i + 1),
+                "headers": relay_headers(m),
+                "payload": m.payload,
+            }
+            for i, m in enumerate(broker.published)
+            if m.topic == topic
+        ]
+
+    return Harness(
+        "memory",
+        prefix,
+        make,
+        read,
+        lambda topic: build_message(topic, b"x", max_payload_bytes=10),
+        True,
+    )
+
+
+@pytest.fixture(params=["nats", "redis", "memory"])
+def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    prefix = f"c{uuid.uuid4().hex[:10]}"
+    if request.param == "nats":
+        with NatsServer() as server:
+            yield nats_harness(server, prefix)
+    elif request.param == "redis":
+        server = RedisServer().start()
+        try:
+            yield redis_harness(server, prefix)
+        finally:
+            server.close()
+    else:
+        yield memory_harness(prefix)
+
+
+@pytest.fixture(params=["nats", "redis"])
+def restartable(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    prefix = f"c{uuid.uuid4().hex[:10]}"
+    if request.param == "nats":
+        with NatsServer() as server:
+            yield nats_harness(server, prefix)
+    else:
+        server = RedisServer().start()
+        try:
+            yield redis_harness(server, prefix)
+        finally:
+            server.close()
+
+
+def run(broker: Broker, body: Callable[[Broker], Awaitable[Any]]) -> Any:
+    async def main() -> Any:
+        await broker.connect()
+        try:
+            return await body(broker)
+        finally:
+            await broker.close()
+
+    return asyncio.run(main())
+
+
+def messages(topic: str, n: int) -> list[Message]:
+    return [
+        build_message(
+            topic,
+            {"n": i},
+            key=f"k{i}",
+            tags=["a", "b"],
+            headers={"trace": f"t{i}"},
+            max_payload_bytes=100,
+        )
+        for i in range(n)
+    ]
+
+
+def test_results_in_order_with_receipts_and_everything_carried(harness: Harness) -> None:
+    topic = f"{harness.prefix}.orders"
+    batch = messages(topic, 50)
+    broker = harness.make()
+    results = run(broker, lambda b: b.publish(batch))
+    assert [r.outcome for r in results] == [Outcome.OK] * 50
+    assert len({r.receipt for r in results}) == 50 and all(r.receipt for r in results)
+    stored = harness.read(broker, topic)
+    assert [s["msg_id"] for s in stored] == [m.msg_id for m in batch], "stored in publish order"
+    assert [s["receipt"] for s in stored] == [r.receipt for r in results]
+    first = stored[0]
+    assert first["payload"] == batch[0].payload
+    assert first["headers"]["trace"] == "t0"
+    assert first["headers"]["Outbox-Key"] == "k0" and first["headers"]["Outbox-Tags"] == "a,b"
+
+
+def test_permanent_failure_stays_with_its_own_message(harness: Harness) -> None:
+    good = messages(f"{harness.prefix}.orders", 4)
+    bad = harness.poison(f"{harness.prefix}.poison")
+    broker = harness.make()
+    results = run(broker, lambda b: b.publish([good[0], good[1], bad, good[2], good[3]]))
+    assert [r.outcome for r in results] == [Outcome.OK] * 2 + [Outcome.PERMANENT] + [Outcome.OK] * 2
+    assert results[2].error
+    assert [s["msg_id"] for s in harness.read(broker, f"{harness.prefix}.orders")] == [
+        m.msg_id for m in good
+    ]
+
+
+def test_second_copy_of_a_msg_id(harness: Harness) -> None:
+    [message] = messages(f"{harness.prefix}.orders", 1)
+    broker = harness.make()
+
+    async def twice(b: Broker) -> list[Any]:
+        return [*(await b.publish([message])), *(await b.publish([message]))]
+
+    first, second = run(broker, twice)
+    assert first.ok and second.ok
+    stored = harness.read(broker, f"{harness.prefix}.orders")
+    if harness.dedup:
+        assert second.duplicate and len(stored) == 1
+    else:  # documented: consumers dedupe by msg_id
+        assert len(stored) == 2 and stored[0]["msg_id"] == stored[1]["msg_id"]
+
+
+def test_retry_while_down_and_publish_again_after_restart(restartable: Harness) -> None:
+    h = restartable
+    topic = f"{h.prefix}.orders"
+    broker = h.make()
+
+    async def scenario(b: Broker) -> dict[str, Any]:
+        before = await b.publish(messages(topic, 3))
+        await asyncio.to_thread(h.server.stop)
+        down = await b.publish(messages(topic, 3))
+        await asyncio.to_thread(h.server.start)
+        deadline = time.monotonic() + 15
+        after = await b.publish(messages(topic, 3))
+        while not all(r.ok for r in after) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            after = await b.publish(messages(topic, 3))
+        return {"before": before, "down": down, "after": after}
+
+    out = run(broker, scenario)
+    assert all(r.ok for r in out["before"])
+    assert [r.outcome for r in out["down"]] == [Outcome.RETRY] * 3
+    assert all(r.ok for r in out["after"]), [r.error for r in out["after"]]
