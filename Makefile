@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
-SERVICES := postgres mariadb
+SERVICES := postgres mariadb rabbitmq redis
 
 .PHONY: demo test lint typecheck check services bench clean
 

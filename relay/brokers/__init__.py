@@ -12,7 +12,7 @@ __all__ = ["Broker", "Outcome", "PublishResult", "broker_for"]
 
 
 def broker_for(url: str) -> Broker:
-    """A not yet connected adapter for ``url``: nats://, redis:// (memory:// in tests)."""
+    """A not yet connected adapter for ``url``: nats://, redis://, amqp:// (memory:// in tests)."""
     scheme = urlsplit(url).scheme
     if scheme in ("nats", "tls"):
         try:
@@ -30,6 +30,14 @@ def broker_for(url: str) -> Broker:
                 "broker: redis:// needs the 'redis' extra: pip install 'outbox-relay[redis]'"
             ) from None
         return RedisBroker(url)
+    if scheme in ("amqp", "amqps"):
+        try:
+            from relay.brokers.rabbitmq import RabbitBroker
+        except ImportError:
+            raise ConfigError(
+                "broker: amqp:// needs the 'rabbitmq' extra: pip install 'outbox-relay[rabbitmq]'"
+            ) from None
+        return RabbitBroker(url)
     if scheme == "memory":
         from relay.brokers.memory import MemoryBroker
 

@@ -1,0 +1,92 @@
+"""RabbitMQ adapter (aio-pika, AMQP 0-9-1) with publisher confirms.
+
+Mapping: every message goes to one exchange (``amq.topic`` unless the URL names
+another) with routing key = topic, so queues bind with patterns such as
+``warehouse.#``; ``message_id`` = msg_id (RabbitMQ does not deduplicate: consumers
+dedupe by it); persistent delivery; app headers plus ``Outbox-Key`` /
+``Outbox-Tags`` as AMQP headers; receipt = ``ack:<delivery tag>`` of the confirm,
+which may cover several messages (RabbitMQ stores no per-message id to return).
+
+Outcomes: confirmed -> ok; returned as unroutable (``mandatory``) -> permanent (no
+queue is bound: publishing again will not help); nacked -> retry; connection or
+channel lost -> retry (the connection reconnects by itself).
+
+URL: ``amqp://user:pass@host:5672/vhost[?exchange=NAME&timeout=1&reconnect_interval=0.5]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import aio_pika
+import aio_pika.exceptions as amqp_errors
+
+from outbox.errors import ConfigError
+from outbox.message import Message
+from relay.brokers.base import Broker, PublishResult, ok, permanent, relay_headers, retry
+
+DEFAULT_EXCHANGE = "amq.topic"
+
+
+class RabbitBroker(Broker):
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        self.exchange_name = query.pop("exchange", DEFAULT_EXCHANGE)
+        try:
+            self.timeout = float(query.pop("timeout", "1"))
+        except ValueError:
+            raise ConfigError("broker: 'timeout' must be a number of seconds") from None
+        query.setdefault("reconnect_interval", "0.5")
+        self.url = parts._replace(query=urlencode(query)).geturl()
+        self._connection: Any = None
+        self._exchange: Any = None
+
+    async def connect(self) -> None:
+        connection = await aio_pika.connect_robust(self.url, timeout=self.timeout * 5)
+        try:
+            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            if self.exchange_name == DEFAULT_EXCHANGE:
+                exchange = await channel.get_exchange(DEFAULT_EXCHANGE, ensure=False)
+            else:
+                exchange = await channel.declare_exchange(
+                    self.exchange_name, aio_pika.ExchangeType.TOPIC, durable=True
+                )
+        except BaseException:
+            await connection.close()
+            raise
+        self._connection, self._exchange = connection, exchange
+
+    async def publish(self, messages: Sequence[Message]) -> list[PublishResult]:
+        if self._exchange is None or self._connection is None or self._connection.is_closed:
+            return [retry("not connected") for _ in messages]
+        return list(await asyncio.gather(*(self._publish_one(m) for m in messages)))
+
+    async def _publish_one(self, message: Message) -> PublishResult:
+        headers = relay_headers(message)
+        amqp_message = aio_pika.Message(
+            message.payload,
+            message_id=message.msg_id,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            content_type=headers.get("content-type"),
+            headers=headers,  # type: ignore[arg-type]
+        )
+        try:
+            confirm = await self._exchange.publish(
+                amqp_message, routing_key=message.topic, mandatory=True, timeout=self.timeout
+            )
+        except amqp_errors.PublishError as exc:  # returned: no queue bound for the key
+            return permanent(f"unroutable: {exc}")
+        except amqp_errors.DeliveryError as exc:  # nack: the broker could not take it now
+            return retry(f"nacked: {exc}")
+        except (TimeoutError, amqp_errors.AMQPError, OSError, RuntimeError) as exc:
+            return retry(f"{type(exc).__name__}: {exc}")
+        return ok(f"ack:{getattr(confirm, 'delivery_tag', '')}")
+
+    async def close(self) -> None:
+        connection, self._connection, self._exchange = self._connection, None, None
+        if connection is not None and not connection.is_closed:
+            await connection.close()
