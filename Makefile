@@ -36,3 +36,4 @@ clean:
 
 bench: $(STAMP) services
 	$(PY) -m bench.fast_path $(BENCH_ARGS)
+	$(PY) -m bench.sweeper
