@@ -103,7 +103,7 @@ def raw_publish_rate(url: str, rows: int, topic: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description="sweeper benchmark")
     parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--concurrency", type=int, default=1, help="sweeps per worker process")
+    parser.add_argument("--concurrency", type=int, default=2, help="sweeps per worker process")
     args = parser.parse_args()
     rows: list[tuple[str, str]] = []
     with NatsServer() as server:

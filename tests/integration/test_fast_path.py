@@ -286,3 +286,30 @@ def test_scoped_session_is_accepted(quick_ob: Outbox, pg_url: str, stream: tuple
     scoped.commit()
     scoped.remove()
     wait_until(lambda: statuses(pg_url)["sent"] == 1, what="the message sent")
+
+
+def test_broker_down_15_s_while_committing_loses_nothing(
+    pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+) -> None:
+    """Default settings: the fast path gives up after ~5 s, the in-app sweeper finishes the job."""
+    migrate.upgrade(pg_url)
+    name, prefix = stream
+    ob = Outbox(pg_url, broker=f"{nats_server.url}?stream={name}&subjects={prefix}.>")
+    ob.start()
+    committed: list[str] = []
+    try:
+        committed += send_from_threads(ob, f"{prefix}.inbound", threads=2, per_thread=20)
+        nats_server.stop()
+        outage_ends = time.monotonic() + 15
+        while time.monotonic() < outage_ends:  # the app keeps committing through the outage
+            committed += send_from_threads(ob, f"{prefix}.inbound", threads=2, per_thread=5)
+            time.sleep(0.1)
+        nats_server.start()
+        committed += send_from_threads(ob, f"{prefix}.inbound", threads=2, per_thread=20)
+        wait_until(lambda: statuses(pg_url)["sent"] == len(committed), timeout=60, what="all sent")
+    finally:
+        ob.stop(timeout=5)
+    assert statuses(pg_url) == Counter({"sent": len(committed)})
+    ids = [m.msg_id for m in stored(nats_server, stream)]
+    assert set(ids) == set(committed), "lost = 0"
+    assert len(ids) == len(set(ids))

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine, func, select, text, update
@@ -23,6 +27,7 @@ from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper
 
 t = outbox_message
+OUTBOX = str(Path(sys.executable).with_name("outbox"))
 QUICK = Settings(sweeper_age_s=0.5, handoff_limit_s=0.2, backoff_base_s=0.01, backoff_cap_s=0.05)
 
 
@@ -149,11 +154,12 @@ def test_poison_message_goes_dead_while_healthy_ones_flow(
     with engine.connect() as conn:
         row = conn.execute(select(t).where(t.c.msg_id == uuid.UUID(poison))).one()
     assert row.attempts == 3 and "MaxPayload" in row.last_error
-    import asyncio
-
-    assert sorted(m.msg_id for m in asyncio.run(read_stream(nats_server.url, name))) == sorted(
-        healthy
-    )
+    stored = asyncio.run(read_stream(nats_server.url, name))
+    assert sorted(m.msg_id for m in stored) == sorted(healthy)
+    requeue = [OUTBOX, "requeue", "--db", engine.url.render_as_string(False), "--dead"]
+    done = subprocess.run(requeue, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and "requeued 1" in done.stdout, done.stderr
+    assert statuses(engine) == Counter({"sent": 1000, "pending": 1})
 
 
 def test_failures_back_off_and_are_not_retaken_before_due(
