@@ -107,3 +107,14 @@ outbox_message = Table(
         sqlite_where=text(f"status = '{PENDING}'"),
     ),
 )
+
+# Model B (outbox.halfop.SqlTransactionListener): one row per local transaction that
+# committed, written inside that transaction, so check-back can tell commit from not.
+transaction_record = Table(
+    "outbox_transaction_record",
+    metadata,
+    Column("transaction_id", String(64), primary_key=True),
+    Column("producer_group", String(255), nullable=False),
+    Column("msg_id", Uuid(), nullable=False),
+    Column("created_at", time_type, nullable=False, server_default=db_now()),
+)

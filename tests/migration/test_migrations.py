@@ -21,7 +21,7 @@ from outbox.table import metadata
 from tests.conftest import MARIADB_URL
 
 ROOT = Path(__file__).resolve().parents[2]
-OUTBOX_TABLES = {"outbox_message", migrate.VERSION_TABLE}
+OUTBOX_TABLES = {"outbox_message", "outbox_transaction_record", migrate.VERSION_TABLE}
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def schema_diff(url: str) -> list[object]:
 def test_upgrade_downgrade_upgrade(any_db: str) -> None:
     migrate.upgrade(any_db)
     assert tables(any_db) == OUTBOX_TABLES
-    assert migrate.current_revision(any_db) == "0001"
+    assert migrate.current_revision(any_db) == "0002"
     migrate.downgrade(any_db)
     assert tables(any_db) == {migrate.VERSION_TABLE}
     assert migrate.current_revision(any_db) is None
@@ -116,7 +116,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 def test_cli_migrate_is_idempotent(pg_url: str) -> None:
     first = run_cli("migrate", "--db", pg_url)
     assert first.returncode == 0, first.stderr
-    assert "outbox schema at 0001" in first.stdout
+    assert "outbox schema at 0002" in first.stdout
     second = run_cli("migrate", "--db", pg_url)
     assert second.returncode == 0, second.stderr
     assert tables(pg_url) == OUTBOX_TABLES

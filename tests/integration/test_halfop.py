@@ -1,0 +1,325 @@
+"""Model B end to end: producers, the coordinator and check-back on a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, func, select
+from sqlalchemy.orm import Session
+
+from outbox import migrate
+from outbox.halfop import (
+    CHECK_MAX_TOPIC,
+    HALF_TOPIC,
+    OP_TOPIC,
+    LocalTransactionState,
+    SendStatus,
+    SqlTransactionListener,
+    TransactionListener,
+    TransactionMessage,
+    TransactionProducer,
+)
+from relay.brokers.nats import NatsBroker, read_stream
+from relay.coordinator import Coordinator, CoordinatorSettings
+from relay.embedded import NatsServer
+from tests.helpers import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = CoordinatorSettings(check_interval_s=0.2, transaction_timeout_s=0.3, check_max=15)
+COMMIT, ROLLBACK, UNKNOW = (
+    LocalTransactionState.COMMIT_MESSAGE,
+    LocalTransactionState.ROLLBACK_MESSAGE,
+    LocalTransactionState.UNKNOW,
+)
+
+
+class Scripted(TransactionListener):
+    def __init__(
+        self,
+        execute: Callable[[TransactionMessage], LocalTransactionState],
+        check: LocalTransactionState,
+    ) -> None:
+        self.execute, self.check = execute, check
+        self.checks: Counter[str] = Counter()
+
+    def execute_local_transaction(self, msg: TransactionMessage, arg: Any) -> LocalTransactionState:
+        return self.execute(msg)
+
+    def check_local_transaction(self, msg: TransactionMessage) -> LocalTransactionState:
+        self.checks[msg.msg_id] += 1
+        return self.check
+
+
+@pytest.fixture
+def real_stream(nats_server: NatsServer, stream: tuple[str, str]) -> tuple[str, str]:
+    """A stream consumers read for the real topics of this test."""
+    name, prefix = stream
+
+    async def create() -> None:
+        broker = NatsBroker(f"{nats_server.url}?stream={name}&subjects={prefix}.>")
+        await broker.connect()
+        await broker.close()
+
+    asyncio.run(create())
+    return name, prefix
+
+
+@pytest.fixture
+def coordinator(nats_server: NatsServer) -> Iterator[Coordinator]:
+    c = Coordinator(nats_server.url, QUICK)
+    c.start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def producers() -> Iterator[list[TransactionProducer]]:
+    started: list[TransactionProducer] = []
+    yield started
+    for p in started:
+        p.stop()
+
+
+def producer(
+    url: str,
+    listener: TransactionListener,
+    started: list[TransactionProducer],
+    group: str = "orders",
+) -> TransactionProducer:
+    p = TransactionProducer(group=group, broker=url, listener=listener)
+    p.start()
+    started.append(p)
+    return p
+
+
+def real_ids(server: NatsServer, name: str) -> list[str | None]:
+    return [m.msg_id for m in asyncio.run(read_stream(server.url, name))]
+
+
+def count(server: NatsServer, name: str) -> int:
+    return len(asyncio.run(read_stream(server.url, name)))
+
+
+def test_commit_appears_once_only_after_end_and_rollback_never(
+    nats_server: NatsServer,
+    real_stream: tuple[str, str],
+    coordinator: Coordinator,
+    producers: list[TransactionProducer],
+) -> None:
+    name, prefix = real_stream
+    gate = threading.Event()
+    running = threading.Event()
+
+    def execute(msg: TransactionMessage) -> LocalTransactionState:
+        if msg.headers.get("wait") == "yes":
+            running.set()
+            gate.wait(10)
+        return ROLLBACK if msg.headers.get("rollback") == "yes" else COMMIT
+
+    p = producer(nats_server.url, Scripted(execute, UNKNOW), producers)
+    results: list[Any] = []
+    sender = threading.Thread(
+        target=lambda: results.append(
+            p.send_in_transaction(f"{prefix}.orders", b"c", headers={"wait": "yes"})
+        )
+    )
+    sender.start()
+    running.wait(5)
+    assert count(nats_server, HALF_TOPIC) == 1 and count(nats_server, name) == 0, (
+        "invisible before the end"
+    )
+    gate.set()
+    sender.join()
+    committed = results[0]
+    rolled = p.send_in_transaction(f"{prefix}.orders", b"r", headers={"rollback": "yes"})
+    assert committed.send_status is SendStatus.SEND_OK and committed.local_state is COMMIT
+    assert rolled.local_state is ROLLBACK and rolled.half_offset == 2
+    wait_until(lambda: coordinator.stats.ops_written == 2, what="two op messages")
+    assert real_ids(nats_server, name) == [committed.msg_id]
+    assert (coordinator.stats.commits, coordinator.stats.rollbacks) == (1, 1)
+    ops = asyncio.run(read_stream(nats_server.url, OP_TOPIC))
+    assert sorted(m.data for m in ops) == [b"1", b"2"] and all(
+        m.headers["TAGS"] == "d" for m in ops
+    )
+
+
+def test_unknow_then_check_back_commits(
+    nats_server: NatsServer,
+    real_stream: tuple[str, str],
+    coordinator: Coordinator,
+    producers: list[TransactionProducer],
+) -> None:
+    name, prefix = real_stream
+    listener = Scripted(lambda m: UNKNOW, COMMIT)
+    p = producer(nats_server.url, listener, producers)
+    result = p.send_in_transaction(f"{prefix}.orders", {"sku": "A"})
+    assert result.local_state is UNKNOW
+    wait_until(
+        lambda: real_ids(nats_server, name) == [result.msg_id],
+        timeout=10,
+        what="delivery after check",
+    )
+    assert listener.checks[result.msg_id] >= 1 and coordinator.stats.check_requests >= 1
+
+
+def test_always_unknow_is_discarded_after_check_max(
+    nats_server: NatsServer, real_stream: tuple[str, str], producers: list[TransactionProducer]
+) -> None:
+    name, prefix = real_stream
+    c = Coordinator(
+        nats_server.url,
+        CoordinatorSettings(check_interval_s=0.1, transaction_timeout_s=0.1, check_max=3),
+    )
+    c.start()
+    try:
+        listener = Scripted(lambda m: UNKNOW, UNKNOW)
+        p = producer(nats_server.url, listener, producers)
+        result = p.send_in_transaction(f"{prefix}.orders", b"x")
+        wait_until(lambda: c.stats.discarded == 1, timeout=15, what="the half discarded")
+    finally:
+        c.stop()
+    discarded = asyncio.run(read_stream(nats_server.url, CHECK_MAX_TOPIC))
+    assert [m.headers["UNIQ_KEY"] for m in discarded] == [result.msg_id]
+    assert listener.checks[result.msg_id] == 3
+    assert count(nats_server, name) == 0
+
+
+business = MetaData()
+orders = Table(
+    "hop_orders", business, Column("id", Integer, primary_key=True), Column("sku", String(20))
+)
+
+
+def place_order(session: Session, msg: TransactionMessage, arg: Any) -> None:
+    session.execute(orders.insert().values(sku=arg["sku"]))
+    if arg.get("fail"):
+        raise ValueError("rejected")
+
+
+def test_dropped_end_requests_are_settled_by_check_back_once_each(
+    pg_url: str,
+    nats_server: NatsServer,
+    real_stream: tuple[str, str],
+    coordinator: Coordinator,
+    producers: list[TransactionProducer],
+) -> None:
+    migrate.upgrade(pg_url)
+    engine = create_engine(pg_url)
+    business.create_all(engine)
+    name, prefix = real_stream
+    listener = SqlTransactionListener(engine, place_order, group="orders", rollback_after_s=0.5)
+    p = producer(nats_server.url, listener, producers)
+    p._link.drop_end_requests = True  # the fault: no end request ever reaches the coordinator
+    results = [
+        p.send_in_transaction(f"{prefix}.orders", b"x", {"sku": f"S{i}", "fail": i % 4 == 0})
+        for i in range(40)
+    ]
+    committed = {r.msg_id for r in results if r.local_state is COMMIT}
+    assert len(committed) == 30
+    wait_until(lambda: coordinator.stats.ops_written >= 40, timeout=30, what="every half settled")
+    ids = real_ids(nats_server, name)
+    assert set(ids) == committed and len(ids) == len(set(ids)), "each commit delivered exactly once"
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(orders)).scalar_one() == 30
+    engine.dispose()
+
+
+PRODUCER_APP = textwrap.dedent(
+    """
+    import os, sys
+    from outbox.halfop import SqlTransactionListener, TransactionProducer
+    from tests.integration.test_halfop import place_order
+
+    class DiesAfterCommit(SqlTransactionListener):
+        def execute_local_transaction(self, msg, arg):
+            state = super().execute_local_transaction(msg, arg)
+            print(msg.msg_id, state.value, flush=True)
+            os.kill(os.getpid(), 9)  # after the local commit, before the end request
+
+    listener = DiesAfterCommit(os.environ["DB"], place_order, group="orders", rollback_after_s=2)
+    producer = TransactionProducer(group="orders", broker=os.environ["BROKER"], listener=listener)
+    producer.start()
+    producer.send_in_transaction(os.environ["TOPIC"], b"x", {"sku": "K1"})
+    """
+)
+
+
+def test_killed_producer_is_covered_by_another_of_its_group(
+    pg_url: str,
+    nats_server: NatsServer,
+    real_stream: tuple[str, str],
+    coordinator: Coordinator,
+    producers: list[TransactionProducer],
+) -> None:
+    migrate.upgrade(pg_url)
+    engine = create_engine(pg_url)
+    business.create_all(engine)
+    name, prefix = real_stream
+    survivor = producer(
+        nats_server.url, SqlTransactionListener(engine, place_order, group="orders"), producers
+    )
+    env = {**os.environ, "DB": pg_url, "BROKER": nats_server.url, "TOPIC": f"{prefix}.orders"}
+    done = subprocess.run(
+        [sys.executable, "-c", PRODUCER_APP],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    msg_id, state = done.stdout.split()
+    assert state == "COMMIT_MESSAGE"
+    wait_until(
+        lambda: real_ids(nats_server, name) == [msg_id],
+        timeout=15,
+        what="the survivor's check answer",
+    )
+    assert survivor.checks_answered >= 1
+    engine.dispose()
+
+
+def test_coordinator_restart_resumes_without_loss_or_duplicates(
+    pg_url: str,
+    nats_server: NatsServer,
+    real_stream: tuple[str, str],
+    producers: list[TransactionProducer],
+) -> None:
+    migrate.upgrade(pg_url)
+    engine = create_engine(pg_url)
+    business.create_all(engine)
+    name, prefix = real_stream
+    listener = SqlTransactionListener(engine, place_order, group="orders", rollback_after_s=0.5)
+    p = producer(nats_server.url, listener, producers)
+    first = Coordinator(nats_server.url, QUICK)
+    first.start()
+    results = [p.send_in_transaction(f"{prefix}.orders", b"x", {"sku": f"A{i}"}) for i in range(20)]
+    first.stop()
+    # while no coordinator runs, end requests are lost; check-back must recover them
+    results += [
+        p.send_in_transaction(f"{prefix}.orders", b"x", {"sku": f"B{i}"}) for i in range(20)
+    ]
+    second = Coordinator(nats_server.url, QUICK)
+    second.start()
+    try:
+        committed = {r.msg_id for r in results}
+        wait_until(
+            lambda: set(real_ids(nats_server, name)) == committed, timeout=30, what="all delivered"
+        )
+        ids = real_ids(nats_server, name)
+        assert len(ids) == len(set(ids)) == 40
+    finally:
+        second.stop()
+    engine.dispose()
