@@ -98,6 +98,23 @@ def build_parser() -> argparse.ArgumentParser:
     drn.add_argument(
         "--concurrency", type=positive_int, default=2, help="sweeps side by side (default 2)"
     )
+    coord = commands.add_parser(
+        "coordinator",
+        help="run model B's coordinator: end transactions and check-back (until SIGTERM)",
+        description="The broker-side part of the RocketMQ half/op model, over NATS JetStream. "
+        "It exists to compare model B with the outbox; see the README.",
+    )
+    add_broker_flag(coord)
+    coord.add_argument("--check-interval", type=float, default=60.0, help="seconds (default 60)")
+    coord.add_argument(
+        "--transaction-timeout",
+        type=float,
+        default=6.0,
+        help="halfs younger than this wait (default 6)",
+    )
+    coord.add_argument(
+        "--check-max", type=positive_int, default=15, help="checks before discard (default 15)"
+    )
     return parser
 
 
@@ -267,12 +284,33 @@ class Progress:
         sys.stderr.write("\n")
 
 
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    from relay.coordinator import Coordinator, CoordinatorSettings
+
+    settings = CoordinatorSettings(
+        check_interval_s=args.check_interval,
+        transaction_timeout_s=args.transaction_timeout,
+        check_max=args.check_max,
+    )
+    coordinator = Coordinator(args.broker, settings)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    coordinator.start()
+    log.info("coordinator started: broker=%s", mask_url(args.broker))
+    stop.wait()
+    coordinator.stop()
+    log.info("coordinator stopped: %s", coordinator.stats)
+    return EXIT_OK
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "migrate": cmd_migrate,
     "relay": cmd_relay,
     "status": cmd_status,
     "requeue": cmd_requeue,
     "drain": cmd_drain,
+    "coordinator": cmd_coordinator,
 }
 
 

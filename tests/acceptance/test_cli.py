@@ -60,10 +60,12 @@ def count(pg_url: str, status: str) -> int:
     return int(n)
 
 
-@pytest.mark.parametrize("command", ["migrate", "relay", "status", "requeue", "drain"])
+@pytest.mark.parametrize(
+    "command", ["migrate", "relay", "status", "requeue", "drain", "coordinator"]
+)
 def test_every_command_explains_itself(command: str) -> None:
     done = cli(command, "--help")
-    assert done.returncode == 0 and "--db" in done.stdout
+    assert done.returncode == 0 and ("--db" in done.stdout or "--broker" in done.stdout)
 
 
 def test_status_reports_per_topic_and_flags_dead(pg_url: str) -> None:
@@ -172,3 +174,57 @@ def test_worker_delivers_what_a_killed_app_left_in_memory(
     assert len(set(ids)) == 5000, "lost = 0"
     duplicates = len(ids) - len(set(ids))
     print(f"\nleft pending by the killed app: {left}; duplicates at the broker: {duplicates}")
+
+
+def test_coordinator_command_settles_transactions(
+    nats_server: NatsServer, stream: tuple[str, str]
+) -> None:
+    from outbox.halfop import (
+        LocalTransactionState,
+        TransactionListener,
+        TransactionMessage,
+        TransactionProducer,
+    )
+    from relay.brokers.nats import NatsBroker
+
+    name, prefix = stream
+
+    async def real_stream() -> None:
+        broker = NatsBroker(f"{nats_server.url}?stream={name}&subjects={prefix}.>")
+        await broker.connect()
+        await broker.close()
+
+    asyncio.run(real_stream())
+
+    class Commits(TransactionListener):
+        def execute_local_transaction(
+            self, msg: TransactionMessage, arg: object
+        ) -> LocalTransactionState:
+            return LocalTransactionState.COMMIT_MESSAGE
+
+        def check_local_transaction(self, msg: TransactionMessage) -> LocalTransactionState:
+            return LocalTransactionState.COMMIT_MESSAGE
+
+    coordinator = subprocess.Popen(
+        [OUTBOX, "coordinator", "--broker", nats_server.url, "--check-interval", "0.2"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    producer = TransactionProducer(group="cli", broker=nats_server.url, listener=Commits())
+    producer.start()
+    try:
+        result = producer.send_in_transaction(f"{prefix}.orders", b"x")
+        wait_until(
+            lambda: (
+                [m.msg_id for m in asyncio.run(read_stream(nats_server.url, name))]
+                == [result.msg_id]
+            ),
+            timeout=20,
+            what="the committed message on its real topic",
+        )
+    finally:
+        producer.stop()
+        coordinator.send_signal(signal.SIGTERM)
+        _, log = coordinator.communicate(timeout=30)
+    assert coordinator.returncode == 0, log
+    assert "coordinator stopped" in log
