@@ -61,6 +61,7 @@ log = logging.getLogger("relay.coordinator")
 OFFSETS_BUCKET = "RMQ_SYS_TRANS_OFFSETS"
 OP_BATCH = 32  # op messages read at a time, as RocketMQ pulls them
 TAGS_HEADER = "TAGS"
+MAX_CONCURRENT_ENDS = 256
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,8 @@ class Coordinator:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._check_lock = asyncio.Lock()
+        self._end_slots = asyncio.Semaphore(MAX_CONCURRENT_ENDS)
+        self._ending: set[asyncio.Task[None]] = set()
         nc = await nats.connect(
             servers=[self.url], name="outbox-coordinator", max_reconnect_attempts=-1
         )
@@ -168,6 +171,8 @@ class Coordinator:
                 if not self._stop.is_set():
                     await self.check_round()
         finally:
+            if self._ending:
+                await asyncio.gather(*list(self._ending), return_exceptions=True)
             await nc.drain()
 
     async def _offsets_bucket(self) -> KeyValue:
@@ -180,6 +185,17 @@ class Coordinator:
     # -- end transaction ------------------------------------------------------------
 
     async def _on_end(self, msg: Msg) -> None:
+        """nats-py runs a subscription's callbacks one at a time: hand each off to a task."""
+        await self._end_slots.acquire()
+        task = asyncio.get_running_loop().create_task(self._handle_end(msg))
+        self._ending.add(task)
+        task.add_done_callback(self._end_done)
+
+    def _end_done(self, task: asyncio.Task[None]) -> None:
+        self._ending.discard(task)
+        self._end_slots.release()
+
+    async def _handle_end(self, msg: Msg) -> None:
         headers = dict(msg.headers or {})
         try:
             offset = int(headers.get(HALF_OFFSET, ""))

@@ -1,0 +1,165 @@
+"""Model B figures: broker writes per committed message, end-to-end latency, and the
+time to settle a transaction whose producer was SIGKILLed before its end request.
+
+Run with `python -m bench.halfop` (PostgreSQL + nats-server on loopback). The kill
+scenario runs twice: with the test intervals and with RocketMQ's defaults (60 s check
+interval, 6 s transaction timeout), so the second one takes about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from sqlalchemy import create_engine
+
+from bench.fast_path import bench_schema
+from outbox import migrate
+from outbox.halfop import (
+    BORN_TIMESTAMP,
+    HALF_TOPIC,
+    OP_TOPIC,
+    UNIQ_KEY,
+    LocalTransactionState,
+    SqlTransactionListener,
+    TransactionProducer,
+)
+from relay.brokers.nats import NatsBroker, read_stream
+from relay.coordinator import Coordinator, CoordinatorSettings
+from relay.embedded import NatsServer
+from tests.integration.test_halfop import PRODUCER_APP, business, place_order
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_SETTINGS = CoordinatorSettings(check_interval_s=0.2, transaction_timeout_s=0.3)
+
+
+def create_real_stream(url: str) -> None:
+    async def create() -> None:
+        broker = NatsBroker(f"{url}?stream=REAL&subjects=real.>")
+        await broker.connect()
+        await broker.close()
+
+    asyncio.run(create())
+
+
+def run_workload(url: str, db: str, total: int, threads: int) -> list[str]:
+    engine = create_engine(db, pool_size=threads + 2)
+    business.create_all(engine)
+    listener = SqlTransactionListener(engine, place_order, group="bench")
+    producer = TransactionProducer(group="bench", broker=url, listener=listener)
+    producer.start()
+    committed: list[str] = []
+    lock = threading.Lock()
+
+    def work(k: int) -> None:
+        for i in range(total // threads):
+            result = producer.send_in_transaction("real.orders", {"n": i}, {"sku": f"S{k}-{i}"})
+            if result.local_state is LocalTransactionState.COMMIT_MESSAGE:
+                with lock:
+                    committed.append(result.msg_id)
+
+    pool = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    producer.stop()
+    engine.dispose()
+    return committed
+
+
+def settle_after_kill(url: str, db: str, settings: CoordinatorSettings) -> float:
+    """Seconds from the producer's death to its committed message on the real topic."""
+    coordinator = Coordinator(url, settings)
+    coordinator.start()
+    engine = create_engine(db)
+    survivor = TransactionProducer(
+        group="orders",
+        broker=url,
+        listener=SqlTransactionListener(engine, place_order, group="orders"),
+    )
+    survivor.start()
+    env = {**os.environ, "DB": db, "BROKER": url, "TOPIC": "real.killed"}
+    done = subprocess.run(
+        [sys.executable, "-c", PRODUCER_APP],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    killed_at = time.monotonic()
+    msg_id = done.stdout.split()[0]
+    while True:
+        stored = asyncio.run(read_stream(url, "REAL"))
+        if any(m.msg_id == msg_id for m in stored):
+            break
+        time.sleep(0.05)
+    settled = time.monotonic() - killed_at
+    survivor.stop()
+    coordinator.stop()
+    engine.dispose()
+    return settled
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="model B benchmark")
+    parser.add_argument("--messages", type=int, default=10_000)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument(
+        "--skip-default-intervals", action="store_true", help="skip the ~1 minute run"
+    )
+    args = parser.parse_args()
+    rows: list[tuple[str, str]] = []
+    with NatsServer() as server, bench_schema() as db:
+        migrate.upgrade(db)
+        create_real_stream(server.url)
+        coordinator = Coordinator(server.url, CoordinatorSettings())  # RocketMQ's defaults
+        coordinator.start()
+        started = time.monotonic()
+        committed = run_workload(server.url, db, args.messages, args.threads)
+        while len(asyncio.run(read_stream(server.url, "REAL"))) < len(committed):
+            time.sleep(0.1)
+        elapsed = time.monotonic() - started
+        coordinator.stop()
+        halfs = asyncio.run(read_stream(server.url, HALF_TOPIC))
+        ops = asyncio.run(read_stream(server.url, OP_TOPIC))
+        real = asyncio.run(read_stream(server.url, "REAL"))
+        born = {m.headers[UNIQ_KEY]: int(m.headers[BORN_TIMESTAMP]) / 1000 for m in halfs}
+        latencies = [
+            m.time.timestamp() - born[m.msg_id] for m in real if m.time and m.msg_id in born
+        ]
+        writes = (len(halfs) + len(ops) + len(real)) / len(committed)
+        rows += [
+            ("committed messages", f"{len(committed):,} in {elapsed:.1f} s"),
+            ("broker writes (half + op + real)", f"{len(halfs):,} + {len(ops):,} + {len(real):,}"),
+            ("broker writes per committed message", f"{writes:.2f}"),
+            ("end-to-end latency mean / p99 ms", f"{statistics.mean(latencies) * 1000:.2f} / "
+             f"{sorted(latencies)[int(len(latencies) * 0.99)] * 1000:.2f}"),
+        ]  # fmt: skip
+        settle_quick = settle_after_kill(server.url, db, TEST_SETTINGS)
+        rows.append(("settle after producer SIGKILL, test intervals", f"{settle_quick:.2f} s"))
+        if not args.skip_default_intervals:
+            settle_default = settle_after_kill(server.url, db, CoordinatorSettings())
+            rows.append(
+                ("settle after producer SIGKILL, default intervals", f"{settle_default:.2f} s")
+            )
+    print(
+        f"\nmodel B (half/op), {args.threads} producer threads, PostgreSQL + nats-server,", end=" "
+    )
+    print(f"{os.cpu_count()} CPUs")
+    width = max(len(n) for n, _ in rows)
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}")
+
+
+if __name__ == "__main__":
+    main()
