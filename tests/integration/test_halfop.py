@@ -323,3 +323,20 @@ def test_coordinator_restart_resumes_without_loss_or_duplicates(
     finally:
         second.stop()
     engine.dispose()
+
+
+def test_failed_half_send_does_not_run_the_local_transaction(
+    nats_server: NatsServer, producers: list[TransactionProducer]
+) -> None:
+    ran: list[str] = []
+
+    def execute(msg: TransactionMessage) -> LocalTransactionState:
+        ran.append(msg.msg_id)
+        return COMMIT
+
+    p = producer(nats_server.url, Scripted(execute, COMMIT), producers)
+    nats_server.stop()
+    result = p.send_in_transaction("t.orders", b"x")
+    assert result.send_status is SendStatus.SEND_FAILED and result.half_offset is None
+    assert result.local_state is ROLLBACK and result.error
+    assert ran == [], "the local transaction must not run when the half was not stored"
