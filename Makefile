@@ -37,3 +37,4 @@ clean:
 bench: $(STAMP) services
 	$(PY) -m bench.fast_path $(BENCH_ARGS)
 	$(PY) -m bench.sweeper
+	$(PY) -m bench.halfop
