@@ -98,6 +98,38 @@ def build_parser() -> argparse.ArgumentParser:
     drn.add_argument(
         "--concurrency", type=positive_int, default=2, help="sweeps side by side (default 2)"
     )
+    exp = commands.add_parser(
+        "export",
+        help="write the ledger or the broker log to Parquet (for `outbox reconcile`)",
+        description="Stream the outbox ledger (any supported DB) or a broker's log to a Parquet "
+        "file in bounded memory.",
+    )
+    exp.add_argument("what", choices=["ledger", "broker"])
+    add_db_flag(exp)
+    exp.add_argument(
+        "--broker", default=os.environ.get("OUTBOX_BROKER"), help="broker URL (broker export)"
+    )
+    exp.add_argument("--stream", help="JetStream stream to read (broker export)")
+    exp.add_argument("--since", type=iso_time, help="ISO 8601 start (default: the beginning)")
+    exp.add_argument("--until", type=iso_time, help="ISO 8601 end (default: now)")
+    exp.add_argument("--out", required=True, help="Parquet file to write")
+
+    rec = commands.add_parser(
+        "reconcile",
+        help="reconcile ledger and broker log on Spark: lost, duplicated, phantom, latency",
+        description="Run spark_jobs/reconcile.py locally (local[*]); the same file runs under "
+        "spark-submit. Exit status 2 when lost or phantom messages were found.",
+    )
+    rec.add_argument("--ledger", required=True, help="ledger Parquet (outbox export ledger)")
+    rec.add_argument("--broker-log", required=True, help="broker Parquet (outbox export broker)")
+    rec.add_argument(
+        "--out", required=True, help="folder for summary.json, discrepancies/, report.html"
+    )
+    rec.add_argument("--start", required=True, help="window start, ISO 8601")
+    rec.add_argument("--end", required=True, help="window end, ISO 8601")
+    rec.add_argument("--sla", default="60", help="seconds before a missing message counts as lost")
+    rec.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+
     coord = commands.add_parser(
         "coordinator",
         help="run model B's coordinator: end transactions and check-back (until SIGTERM)",
@@ -116,6 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--check-max", type=positive_int, default=15, help="checks before discard (default 15)"
     )
     return parser
+
+
+def iso_time(text: str) -> datetime:
+    from datetime import UTC
+
+    value = datetime.fromisoformat(text)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def positive_int(text: str) -> int:
@@ -284,6 +323,31 @@ class Progress:
         sys.stderr.write("\n")
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from spark_jobs import export
+
+    if args.what == "ledger":
+        if args.db is None:
+            raise OutboxError("--db is required (or set OUTBOX_DB)")
+        count = export.export_ledger(args.db, args.out, args.since, args.until)
+    else:
+        if not args.broker or not args.stream:
+            raise OutboxError("--broker and --stream are required for a broker export")
+        count = export.export_broker_nats(
+            args.broker, args.stream, args.out, args.since, args.until
+        )
+    print(f"exported {count} row(s) to {args.out}")
+    return EXIT_OK
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    from spark_jobs import reconcile
+
+    flags = ("ledger", "broker_log", "out", "start", "end", "sla", "master")
+    argv = [item for flag in flags for item in (f"--{flag.replace('_', '-')}", getattr(args, flag))]
+    return reconcile.main(argv)
+
+
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from relay.coordinator import Coordinator, CoordinatorSettings
 
@@ -311,15 +375,17 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "requeue": cmd_requeue,
     "drain": cmd_drain,
     "coordinator": cmd_coordinator,
+    "export": cmd_export,
+    "reconcile": cmd_reconcile,
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "db", "") is None:
+    if getattr(args, "db", "") is None and args.command != "export":
         parser.error("--db is required (or set OUTBOX_DB)")
-    if getattr(args, "broker", "") is None:
+    if getattr(args, "broker", "") is None and args.command != "export":
         parser.error("--broker is required (or set OUTBOX_BROKER)")
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -1,0 +1,235 @@
+"""Reconcile the outbox ledger against what the broker holds, on Spark.
+
+For a window [start, end) and an SLA (default 60 s), per topic and in total:
+committed (ledger rows created in the window), delivered, pending (not at the broker
+yet but younger than the SLA at the window's end: not lost), lost, dead (given up
+by the sweeper), duplicated (extra copies of a msg_id at the broker), phantom (at the
+broker in the window, with no ledger row at all), malformed (ledger rows without a
+usable msg_id), and commit->broker latency p50/p90/p99/max.
+
+Runs locally (``outbox reconcile``) and unchanged under ``spark-submit
+spark_jobs/reconcile.py ...``; tables are never collected whole into the driver,
+only the aggregates. Exit status 2 when lost or phantom > 0, for schedulers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+EXIT_DISCREPANCY = 2
+LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 60000)
+
+
+@dataclass(frozen=True)
+class Window:
+    start: datetime
+    end: datetime
+    sla_s: float = 60.0
+
+    @property
+    def pending_after(self) -> datetime:
+        return self.end - timedelta(seconds=self.sla_s)
+
+
+def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
+    """One row per msg_id in question, with its kind and details (the discrepancies and more)."""
+    valid = ledger.where(F.col("msg_id").isNotNull() & (F.length("msg_id") > 0))
+    copies = (
+        broker.where(F.col("msg_id").isNotNull())
+        .groupBy("msg_id")
+        .agg(
+            F.count(F.lit(1)).alias("copies"),
+            F.min("broker_ts").alias("first_ts"),
+            F.first("topic").alias("broker_topic"),
+        )
+    )
+    in_window = valid.where(
+        (F.col("created_at") >= F.lit(window.start)) & (F.col("created_at") < F.lit(window.end))
+    )
+    joined = in_window.join(copies, "msg_id", "left")
+    kind = (
+        F.when(F.col("copies").isNotNull(), F.lit("delivered"))
+        .when(F.col("status") == "dead", F.lit("dead"))
+        .when(F.col("created_at") >= F.lit(window.pending_after), F.lit("pending"))
+        .otherwise(F.lit("lost"))
+    )
+    committed = joined.select(
+        "msg_id",
+        "topic",
+        kind.alias("kind"),
+        F.coalesce(F.col("copies"), F.lit(0)).alias("copies"),
+        latency_ms(F.col("first_ts"), F.col("created_at")).alias("latency_ms"),
+        F.col("status").alias("details"),
+    )
+    in_broker_window = (F.col("broker_ts") >= F.lit(window.start)) & (
+        F.col("broker_ts") < F.lit(window.end)
+    )
+    phantoms = (
+        broker.where(in_broker_window)
+        .join(valid.select("msg_id"), "msg_id", "left_anti")
+        .groupBy("msg_id")
+        .agg(F.first("topic").alias("topic"), F.count(F.lit(1)).alias("copies"))
+        .select("msg_id", "topic", "copies")
+    )
+    phantoms = labelled(phantoms, "phantom", F.lit("no ledger row"))
+    malformed = ledger.where(F.col("msg_id").isNull() | (F.length("msg_id") == 0)).select(
+        "msg_id", "topic", F.lit(0).alias("copies"), "id"
+    )
+    malformed = labelled(
+        malformed, "malformed", F.concat(F.lit("ledger id "), F.col("id").cast("string"))
+    )
+    return committed.unionByName(phantoms).unionByName(malformed)
+
+
+def labelled(frame: DataFrame, kind: str, details: Column) -> DataFrame:
+    return frame.select(
+        "msg_id",
+        "topic",
+        F.lit(kind).alias("kind"),
+        "copies",
+        F.lit(None).cast("double").alias("latency_ms"),
+        details.alias("details"),
+    )
+
+
+def latency_ms(broker_ts: Column, created_at: Column) -> Column:
+    return (broker_ts.cast("double") - created_at.cast("double")) * 1000
+
+
+def summarise(classified: DataFrame) -> dict[str, Any]:
+    """Counts per topic and in total, and latency percentiles of delivered messages."""
+    kinds = ("delivered", "pending", "lost", "dead", "phantom", "malformed")
+    aggs = [F.sum(F.when(F.col("kind") == k, 1).otherwise(0)).alias(k) for k in kinds]
+    aggs += [
+        F.sum(F.when(F.col("kind") != "phantom", 1).otherwise(0)).alias("committed"),
+        F.sum(F.when(F.col("copies") > 1, F.col("copies") - 1).otherwise(0)).alias("duplicated"),
+        F.percentile_approx(
+            F.when(F.col("kind") == "delivered", F.col("latency_ms")), [0.5, 0.9, 0.99]
+        ).alias("lat"),
+        F.max(F.when(F.col("kind") == "delivered", F.col("latency_ms"))).alias("latency_max_ms"),
+    ]
+    rows = (
+        classified.withColumn("topic", F.coalesce("topic", F.lit("?")))
+        .rollup("topic")
+        .agg(*aggs)
+        .collect()
+    )
+    summary: dict[str, Any] = {"topics": {}, "total": {}}
+    for row in rows:
+        data = row.asDict()
+        lat = data.pop("lat") or [None, None, None]
+        data.update(latency_p50_ms=lat[0], latency_p90_ms=lat[1], latency_p99_ms=lat[2])
+        data["committed"] -= data["malformed"]
+        topic = data.pop("topic")
+        clean = {k: (int(v) if isinstance(v, int) else v) for k, v in data.items()}
+        if topic is None:
+            summary["total"] = clean
+        else:
+            summary["topics"][topic] = clean
+    return summary
+
+
+def latency_histogram(classified: DataFrame) -> list[tuple[str, int]]:
+    bucket = F.lit(f">{LATENCY_BUCKETS_MS[-1]}")
+    for edge in reversed(LATENCY_BUCKETS_MS):
+        bucket = F.when(F.col("latency_ms") <= edge, F.lit(f"<={edge}")).otherwise(bucket)
+    delivered = classified.where(F.col("kind") == "delivered")
+    counts: dict[str, int] = {
+        row["b"]: row["count"] for row in delivered.groupBy(bucket.alias("b")).count().collect()
+    }
+    labels = [f"<={e}" for e in LATENCY_BUCKETS_MS] + [f">{LATENCY_BUCKETS_MS[-1]}"]
+    return [(label, int(counts.get(label, 0))) for label in labels]
+
+
+def run(
+    spark: SparkSession, ledger_path: str, broker_path: str, out: str | Path, window: Window
+) -> dict[str, Any]:
+    """Read the two Parquet inputs, write summary.json, discrepancies/ and report.html."""
+    from spark_jobs.report import write_report
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    classified = classify(
+        spark.read.parquet(ledger_path), spark.read.parquet(broker_path), window
+    ).cache()
+    summary = summarise(classified)
+    summary["window"] = {
+        "start": window.start.isoformat(),
+        "end": window.end.isoformat(),
+        "sla_s": window.sla_s,
+    }
+    discrepancies = classified.where(
+        F.col("kind").isin("lost", "phantom", "dead", "malformed") | (F.col("copies") > 1)
+    )
+    discrepancies.withColumn(
+        "kind", F.when((F.col("kind") == "delivered"), F.lit("duplicated")).otherwise(F.col("kind"))
+    ).select("msg_id", "kind", "topic", "copies", "details").write.mode("overwrite").parquet(
+        str(out / "discrepancies")
+    )
+    histogram = latency_histogram(classified)
+    classified.unpersist()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_report(out / "report.html", summary, histogram)
+    return summary
+
+
+def parse_time(text: str) -> datetime:
+    value = datetime.fromisoformat(text)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reconcile", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument(
+        "--ledger", required=True, help="Parquet of the outbox ledger (outbox export ledger)"
+    )
+    parser.add_argument(
+        "--broker-log", required=True, help="Parquet of the broker log (outbox export broker)"
+    )
+    parser.add_argument(
+        "--out", required=True, help="folder for summary.json, discrepancies/, report.html"
+    )
+    parser.add_argument("--start", type=parse_time, required=True, help="window start, ISO 8601")
+    parser.add_argument("--end", type=parse_time, required=True, help="window end, ISO 8601")
+    parser.add_argument(
+        "--sla", type=float, default=60.0, help="seconds before a missing message is lost"
+    )
+    parser.add_argument(
+        "--master", default=None, help="Spark master (default: local[*], or spark-submit's)"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    builder = SparkSession.builder.appName("outbox-reconcile").config(
+        "spark.sql.session.timeZone", "UTC"
+    )
+    if args.master:
+        builder = builder.master(args.master)
+    spark = builder.getOrCreate()
+    try:
+        summary = run(
+            spark, args.ledger, args.broker_log, args.out, Window(args.start, args.end, args.sla)
+        )
+    finally:
+        spark.stop()
+    total = summary["total"]
+    print(json.dumps(total, default=str))
+    return EXIT_DISCREPANCY if total.get("lost") or total.get("phantom") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""report.html: the reconciliation's tables and charts, one self-contained file."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+COLUMNS = (
+    "committed", "delivered", "pending", "lost", "dead", "duplicated", "phantom", "malformed",
+    "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "latency_max_ms",
+)  # fmt: skip
+LABEL = 'font-size="10" text-anchor="middle"'
+BAR = 'fill="#3b6ea8"'
+SVG_NS = "http://www.w3.org/2000/svg"
+KINDS = ("delivered", "pending", "lost", "dead", "duplicated", "phantom", "malformed")
+
+
+def bar_chart(
+    title: str, bars: list[tuple[str, float]], width: int = 640, height: int = 220
+) -> str:
+    """An SVG bar chart; no scripts, no external files."""
+    top = max((v for _, v in bars), default=0) or 1
+    slot = width / max(len(bars), 1)
+    parts = [
+        f'<svg xmlns="{SVG_NS}" width="{width}" height="{height + 40}" role="img">',
+        f"<title>{html.escape(title)}</title>",
+    ]
+    for i, (label, value) in enumerate(bars):
+        h = height * value / top
+        x, w = i * slot + 4, slot - 8
+        mid = x + w / 2
+        parts += [
+            f'<rect x="{x:.1f}" y="{height - h:.1f}" width="{w:.1f}" height="{h:.1f}" {BAR}/>',
+            f'<text x="{mid:.1f}" y="{height - h - 3:.1f}" {LABEL}>{value:g}</text>',
+            f'<text x="{mid:.1f}" y="{height + 14}" {LABEL}>{html.escape(label)}</text>',
+        ]
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def table(summary: dict[str, Any]) -> str:
+    head = "".join(f"<th>{c}</th>" for c in ("topic", *COLUMNS))
+    rows = [("TOTAL", summary["total"]), *sorted(summary["topics"].items())]
+    body = "".join(
+        "<tr>"
+        + f"<td>{html.escape(name)}</td>"
+        + "".join(f"<td>{fmt(data.get(c))}</td>" for c in COLUMNS)
+        + "</tr>"
+        for name, data in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def write_report(
+    path: Path,
+    summary: dict[str, Any],
+    histogram: list[tuple[str, int]],
+    title: str = "Outbox reconciliation",
+) -> None:
+    total = summary["total"]
+    verdict = "OK" if not total.get("lost") and not total.get("phantom") else "DISCREPANCIES"
+    window = summary.get("window", {})
+    counts = [(k, float(total.get(k) or 0)) for k in KINDS]
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child{{text-align:left}}
+.verdict{{font-weight:bold}}</style></head><body>
+<h1>{html.escape(title)}</h1>
+<p>Window {html.escape(str(window.get("start")))} to {html.escape(str(window.get("end")))},
+SLA {window.get("sla_s")} s.
+<span class="verdict" id="verdict">{verdict}</span></p>
+{table(summary)}
+<h2>Messages per kind</h2>
+<div id="kinds">{bar_chart("messages per kind", counts)}</div>
+<h2>Commit to broker latency (ms), delivered messages</h2>
+<div id="latency">{bar_chart("latency histogram", [(k, float(v)) for k, v in histogram])}</div>
+</body></html>
+"""
+    path.write_text(page)

@@ -1,0 +1,23 @@
+"""One small local SparkSession for the whole test session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from pyspark.sql import SparkSession
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("outbox-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
