@@ -26,6 +26,7 @@ from outbox.errors import OutboxError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DEAD = 0, 1, 2, 3
 DRAIN_PASSES = 3
+CONNECT_WAIT_S = 10.0
 log = logging.getLogger("outbox.cli")
 
 
@@ -78,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     req = commands.add_parser(
         "requeue",
         help="put dead (or selected) messages back to pending, attempts reset",
-        description="Requeue messages for the sweeper. Give at least one of --dead, --topic, --id.",
+        description="Requeue messages for the sweeper. Give at least one of --dead, --topic, --id. "
+        "Only dead rows are requeued, except rows named by --id (sent ones are then republished).",
     )
     add_db_flag(req)
     req.add_argument("--dead", action="store_true", help="only dead messages")
@@ -281,6 +283,10 @@ def cmd_drain(args: argparse.Namespace) -> int:
         total = store.pending_count(conn)
     relay = BrokerLoop(broker_for(check_broker_url(args.broker) or ""), name="outbox-drain")
     relay.start()
+    if not relay.wait_connected(CONNECT_WAIT_S):
+        relay.stop(2.0)
+        engine.dispose()
+        raise OutboxError(f"broker {mask_url(args.broker)} unreachable; nothing was touched")
     sweeper = Sweeper(engine, relay, Settings())
     progress = Progress(total) if sys.stderr.isatty() else None
     try:
@@ -299,9 +305,10 @@ def cmd_drain(args: argparse.Namespace) -> int:
             progress.close()
     print(
         f"drained: sent={result.sent} retry_later={result.failed} dead={result.dead}",
-        f"of {total} pending",
+        f"of {total} pending" + (" (stopped: broker unreachable)" if result.aborted else ""),
     )
-    return EXIT_OK if result.failed == 0 and result.dead == 0 else EXIT_FAILED
+    ok = result.failed == 0 and result.dead == 0 and not result.aborted
+    return EXIT_OK if ok else EXIT_FAILED
 
 
 class Progress:

@@ -173,12 +173,15 @@ class TransactionProducer:
         self.max_payload_bytes = max_payload_bytes
         self._link = ProducerLink(broker, group, self._on_check)
         self._checks: ThreadPoolExecutor | None = None
-        self._check_slots = threading.BoundedSemaphore(check_queue + check_threads)
+        self._check_capacity = check_queue + check_threads
+        self._check_slots = threading.BoundedSemaphore(self._check_capacity)
         self._check_threads = check_threads
         self.checks_answered = 0
         self.checks_dropped = 0
 
     def start(self, timeout: float = 10.0) -> None:
+        # Fresh slots each start: answers cancelled by a stop never gave theirs back.
+        self._check_slots = threading.BoundedSemaphore(self._check_capacity)
         self._checks = ThreadPoolExecutor(
             self._check_threads, thread_name_prefix=f"check-{self.group}"
         )

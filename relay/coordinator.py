@@ -36,6 +36,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from outbox.halfop import (
+    BORN_TIMESTAMP,
     CHECK_IMMUNITY_TIME,
     CHECK_MAX_TOPIC,
     CHECK_SUBJECT,
@@ -59,6 +60,11 @@ from relay.halfop_link import ensure_streams
 log = logging.getLogger("relay.coordinator")
 
 OFFSETS_BUCKET = "RMQ_SYS_TRANS_OFFSETS"
+SETTLED_BUCKET = "RMQ_SYS_TRANS_SETTLED"  # msg ids settled by a late end request
+SETTLING_STATES = (
+    LocalTransactionState.COMMIT_MESSAGE.value,
+    LocalTransactionState.ROLLBACK_MESSAGE.value,
+)
 OP_BATCH = 32  # op messages read at a time, as RocketMQ pulls them
 TAGS_HEADER = "TAGS"
 MAX_CONCURRENT_ENDS = 256
@@ -86,20 +92,34 @@ class CoordinatorStats:
 
 def build_remove_map(
     ops: Iterable[tuple[int, int]], half_offset: int
-) -> tuple[dict[int, int], list[int]]:
-    """removeMap (half offset -> op offset) of halfs at or past ``half_offset`` that are
-    done, and the op offsets that only concern halfs already walked past (done ops).
+) -> tuple[dict[int, list[int]], list[int]]:
+    """removeMap (half offset -> its op offsets) of halfs at or past ``half_offset`` that
+    are done, and the op offsets that only concern halfs already walked past (done ops).
 
-    ``ops`` are (op offset, half offset) pairs in any order, from any number of batches.
+    ``ops`` are (op offset, half offset) pairs in any order, from any number of batches;
+    a half may have more than one op (an end request and a check answer both settled it).
     """
-    remove: dict[int, int] = {}
+    remove: dict[int, list[int]] = {}
     done: list[int] = []
     for op_offset, half in ops:
         if half < half_offset:
             done.append(op_offset)
         else:
-            remove[half] = op_offset
+            remove.setdefault(half, []).append(op_offset)
     return remove, done
+
+
+def header_number(headers: dict[str, str], name: str, default: float) -> float:
+    """A numeric property, or ``default`` when it is missing or not a number."""
+    try:
+        return float(headers[name])
+    except (KeyError, ValueError):
+        return default
+
+
+def settled_key(msg_id: str) -> str:
+    """A KV key for a msg id (KV keys allow letters, digits, '-', '_', '=', '.')."""
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in msg_id) or "_"
 
 
 def next_op_offset(op_offset: int, done: Iterable[int]) -> int:
@@ -126,6 +146,8 @@ class Coordinator:
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self._kv: KeyValue | None = None
+        self._settled: KeyValue | None = None
+        self._walked_to = 1  # the half consume offset as of the last round
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -143,8 +165,9 @@ class Coordinator:
             raise TimeoutError("coordinator did not start")
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop ended meanwhile
+                self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
@@ -160,7 +183,8 @@ class Coordinator:
         )
         self._nc, self._js = nc, nc.jetstream(timeout=5)
         await ensure_streams(self._js)
-        self._kv = await self._offsets_bucket()
+        self._kv = await self._bucket(OFFSETS_BUCKET)
+        self._settled = await self._bucket(SETTLED_BUCKET, ttl=self.settings.file_reserved_time_s)
         await nc.subscribe(END_SUBJECT, queue="outbox-coordinator", cb=self._on_end)
         self._ready.set()
         log.info("coordinator up: check every %.1f s", self.settings.check_interval_s)
@@ -169,18 +193,23 @@ class Coordinator:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.settings.check_interval_s)
                 if not self._stop.is_set():
-                    await self.check_round()
+                    try:
+                        await self.check_round()
+                    except Exception:  # a bad round must not end the coordinator
+                        log.exception(
+                            "check round failed; the next one starts from the saved offsets"
+                        )
         finally:
             if self._ending:
                 await asyncio.gather(*list(self._ending), return_exceptions=True)
             await nc.drain()
 
-    async def _offsets_bucket(self) -> KeyValue:
+    async def _bucket(self, name: str, ttl: float | None = None) -> KeyValue:
         assert self._js is not None
         try:
-            return await self._js.key_value(OFFSETS_BUCKET)
+            return await self._js.key_value(name)
         except nats.js.errors.BucketNotFoundError:
-            return await self._js.create_key_value(bucket=OFFSETS_BUCKET)
+            return await self._js.create_key_value(bucket=name, ttl=ttl)
 
     # -- end transaction ------------------------------------------------------------
 
@@ -209,18 +238,24 @@ class Coordinator:
             log.exception("end transaction for half %d failed", offset)
 
     async def end_transaction(self, half_offset: int, state: str) -> None:
+        if state not in SETTLING_STATES:
+            self.stats.unknown += 1
+            return
+        half = await self._half(half_offset)
+        if half is None:
+            return
+        key = half.headers.get(UNIQ_KEY, "")
         if state == LocalTransactionState.COMMIT_MESSAGE.value:
-            half = await self._half(half_offset)
-            if half is None:
-                return
             await self._publish_real(half)
             self.stats.commits += 1
-            await self._write_op(half_offset)
-        elif state == LocalTransactionState.ROLLBACK_MESSAGE.value:
-            self.stats.rollbacks += 1
-            await self._write_op(half_offset)
         else:
-            self.stats.unknown += 1
+            self.stats.rollbacks += 1
+        if half_offset < self._walked_to:
+            # The check service already put this half back as a newer copy: remember
+            # the outcome so that copy is finished, not checked and delivered again.
+            assert self._settled is not None
+            await self._settled.put(settled_key(key), state.encode())
+        await self._write_op(half_offset, key)
 
     async def _publish_real(self, half: _Half) -> None:
         assert self._js is not None
@@ -233,9 +268,10 @@ class Coordinator:
             raise ValueError(f"half {half.offset} has no {REAL_TOPIC}")
         await self._js.publish(real_topic, half.data, headers=headers)
 
-    async def _write_op(self, half_offset: int) -> None:
+    async def _write_op(self, half_offset: int, key: str) -> None:
         assert self._js is not None
-        await self._js.publish(OP_TOPIC, str(half_offset).encode(), headers={TAGS_HEADER: OP_TAG})
+        headers = {TAGS_HEADER: OP_TAG, UNIQ_KEY: key}
+        await self._js.publish(OP_TOPIC, str(half_offset).encode(), headers=headers)
         self.stats.ops_written += 1
 
     # -- check-back -----------------------------------------------------------------
@@ -250,9 +286,10 @@ class Coordinator:
             ops = await self._ops_from(op_offset)
             remove, done = build_remove_map(ops, half_offset)
             new_half = half_offset
+            self._walked_to = half_offset
             for offset in range(half_offset, last_half + 1):
                 if offset in remove:
-                    done.append(remove.pop(offset))
+                    done += remove.pop(offset)
                     new_half = offset + 1
                     continue
                 if not await self._settle_unfinished(offset):
@@ -260,23 +297,39 @@ class Coordinator:
                 new_half = offset + 1
             await self._save_offset("half", new_half)
             await self._save_offset("op", next_op_offset(op_offset, done))
+            self._walked_to = new_half
 
     async def _settle_unfinished(self, offset: int) -> bool:
         """Discard, put back and ask, or (returning False) leave for the next round."""
         half = await self._half(offset)
         if half is None:
             return True  # gone from the stream: nothing to settle
-        check_times = int(half.headers.get(CHECK_TIMES, "0") or 0)
-        age = time.time() - half.time
+        if await self._settled_earlier(half):
+            return True
+        check_times = int(header_number(half.headers, CHECK_TIMES, 0))
+        age = time.time() - header_number(half.headers, BORN_TIMESTAMP, half.time * 1000) / 1000
         if check_times >= self.settings.check_max or age > self.settings.file_reserved_time_s:
             await self._discard(half)
             return True
-        immunity = float(
-            half.headers.get(CHECK_IMMUNITY_TIME) or self.settings.transaction_timeout_s
-        )
-        if age < immunity:
-            return False
+        if CHECK_IMMUNITY_TIME in half.headers:
+            # Its own immunity: put it back unchecked and go on with the halfs behind it.
+            if age < header_number(half.headers, CHECK_IMMUNITY_TIME, 0):
+                await self._put_back(half, check_times)
+                return True
+        elif age < self.settings.transaction_timeout_s:
+            return False  # too young; all behind it are younger still
         await self._put_back_and_check(half, check_times + 1)
+        return True
+
+    async def _settled_earlier(self, half: _Half) -> bool:
+        """A late end request settled an older copy of this half: finish this copy too."""
+        assert self._settled is not None
+        try:
+            entry = await self._settled.get(settled_key(half.headers.get(UNIQ_KEY, "")))
+        except nats.js.errors.KeyNotFoundError:
+            return False
+        await self._write_op(half.offset, half.headers.get(UNIQ_KEY, ""))
+        log.info("half %d settled earlier as %s", half.offset, (entry.value or b"").decode())
         return True
 
     async def _discard(self, half: _Half) -> None:
@@ -292,13 +345,19 @@ class Coordinator:
             half.headers.get(CHECK_TIMES),
         )
 
-    async def _put_back_and_check(self, half: _Half, check_times: int) -> None:
-        assert self._js is not None and self._nc is not None
+    async def _put_back(self, half: _Half, check_times: int) -> tuple[int, dict[str, str]]:
+        """Write the half again at the end of the half stream (the base of later checks)."""
+        assert self._js is not None
         headers = {**half.headers, CHECK_TIMES: str(check_times), TRAN_MSG: "true"}
         ack = await self._js.publish(HALF_TOPIC, half.data, headers=headers)
         self.stats.halfs_written += 1
+        return int(ack.seq), headers
+
+    async def _put_back_and_check(self, half: _Half, check_times: int) -> None:
+        assert self._nc is not None
+        seq, headers = await self._put_back(half, check_times)
         group = headers.get(PGROUP, "")
-        request = {**headers, HALF_OFFSET: str(ack.seq)}
+        request = {**headers, HALF_OFFSET: str(seq)}
         await self._nc.publish(f"{CHECK_SUBJECT}.{group}", half.data, headers=request)
         self.stats.check_requests += 1
 

@@ -29,6 +29,7 @@ class BrokerLoop:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        self._connected = threading.Event()
         self._done: asyncio.Event | None = None
 
     @property
@@ -42,6 +43,10 @@ class BrokerLoop:
         self._thread.start()
         if not self._ready.wait(timeout):
             raise TimeoutError(f"{self.name}: loop did not start within {timeout} s")
+
+    def wait_connected(self, timeout: float) -> bool:
+        """True once the first connection is up (the adapter reconnects by itself after)."""
+        return self._connected.wait(timeout)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Run ``coro`` on the loop from any thread."""
@@ -88,6 +93,7 @@ class BrokerLoop:
         while True:
             try:
                 await self.broker.connect()
+                self._connected.set()
                 return
             except Exception as exc:
                 log.warning(

@@ -103,7 +103,7 @@ def db_clock(conn: Connection) -> datetime:
 
 
 def claim_due_stmt(
-    cutoff: datetime, now: datetime, limit: int, due_only: bool = True
+    cutoff: datetime, now: datetime, limit: int, due_only: bool = True, after_id: int | None = None
 ) -> Select[Any]:
     """-- claim_due -- pending rows older than the cutoff and due, oldest first, locked.
 
@@ -112,6 +112,14 @@ def claim_due_stmt(
     is found by its created_at like any other.
     """
     due = or_(t.c.next_attempt_at.is_(None), t.c.next_attempt_at <= now) if due_only else true()
+    if after_id is not None:  # a drain: each row once, in id order
+        return (
+            select(t)
+            .where(t.c.status == PENDING, t.c.created_at < cutoff, t.c.id > after_id)
+            .order_by(t.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
     return (
         select(t)
         .where(t.c.status == PENDING, t.c.created_at < cutoff, due)
@@ -175,8 +183,13 @@ def status_by_topic(conn: Connection, now: datetime) -> list[dict[str, Any]]:
 
 
 def requeue_stmt(dead_only: bool, topic: str | None, msg_ids: Sequence[str]) -> Update:
-    """-- requeue -- back to pending with attempts reset; never touches pending rows."""
-    conditions = [t.c.status == DEAD] if dead_only else [t.c.status != PENDING]
+    """-- requeue -- back to pending with attempts reset; never touches pending rows.
+
+    Only dead rows, unless msg_ids name rows explicitly (sent ones are then republished):
+    a topic alone must not republish its whole retained ledger.
+    """
+    explicit = bool(msg_ids) and not dead_only
+    conditions = [t.c.status != PENDING] if explicit else [t.c.status == DEAD]
     if topic is not None:
         conditions.append(t.c.topic == topic)
     if msg_ids:

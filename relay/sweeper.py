@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Row
@@ -28,7 +28,7 @@ from outbox.config import Settings
 from outbox.message import Message
 from outbox.table import DEAD, PENDING
 from relay import store
-from relay.brokers.base import PublishResult, retry
+from relay.brokers.base import NOT_CONNECTED, Outcome, PublishResult
 from relay.loop import BrokerLoop
 
 log = logging.getLogger("relay.sweeper")
@@ -40,12 +40,14 @@ class SweepResult:
     sent: int = 0
     failed: int = 0  # scheduled for another attempt
     dead: int = 0
+    aborted: bool = False  # the broker was unreachable: nothing was recorded
 
     def __iadd__(self, other: SweepResult) -> SweepResult:
         self.claimed += other.claimed
         self.sent += other.sent
         self.failed += other.failed
         self.dead += other.dead
+        self.aborted = self.aborted or other.aborted
         return self
 
 
@@ -56,20 +58,38 @@ class Sweeper:
         self.settings = settings or Settings()
         self.totals = SweepResult()
         self._totals_lock = threading.Lock()
+        self._stopping = threading.Event()
 
-    def sweep_once(self, min_age_s: float | None = None, due_only: bool = True) -> SweepResult:
-        """Claim one batch, publish it, record the outcome; all in one transaction."""
+    def sweep_once(
+        self, min_age_s: float | None = None, due_only: bool = True, cursor: Cursor | None = None
+    ) -> SweepResult:
+        """Claim one batch, publish it, record the outcome; all in one transaction.
+
+        When the broker cannot be reached at all (not connected, the publish call
+        failed or timed out as a whole, the relay is stopping) the transaction rolls
+        back: an outage is not the rows' fault and costs them no attempt.
+        """
         age = self.settings.sweeper_age_s if min_age_s is None else min_age_s
-        with self.engine.begin() as conn:
-            now = store.db_clock(conn)
-            claim = store.claim_due_stmt(
-                now - timedelta(seconds=age), now, self.settings.sweep_batch, due_only
-            )
-            rows = conn.execute(claim).all()
-            if not rows:
-                return SweepResult()
-            results = self._publish([message_of(row) for row in rows])
-            result = self._record(conn, rows, results, now)
+        rows: Sequence[Row[Any]] = []
+        try:
+            with self.engine.begin() as conn:
+                now = store.db_clock(conn)
+                claim = store.claim_due_stmt(
+                    now - timedelta(seconds=age), now, self.settings.sweep_batch, due_only,
+                    after_id=cursor.claimed_up_to if cursor else None,
+                )  # fmt: skip
+                rows = conn.execute(claim).all()
+                if not rows:
+                    return SweepResult()
+                if cursor is not None:
+                    cursor.advance(max(row.id for row in rows))
+                results = self._publish([message_of(row) for row in rows])
+                if results is None:
+                    raise _BrokerUnreachable
+                result = self._record(conn, rows, results)
+        except _BrokerUnreachable:
+            log.warning("sweep: broker unreachable, batch of %d left as it was", len(rows))
+            return SweepResult(claimed=len(rows), aborted=True)
         log.info(
             "sweep: claimed=%d sent=%d retry_later=%d dead=%d",
             result.claimed, result.sent, result.failed, result.dead,
@@ -85,17 +105,24 @@ class Sweeper:
         due_only: bool = True,
         on_batch: Callable[[int], None] | None = None,
     ) -> SweepResult:
-        """Sweep until no full batch is left, with ``concurrency`` sweeps side by side."""
+        """Sweep until no full batch is left, with ``concurrency`` sweeps side by side.
+
+        Stops early when ``stop()`` was called or the broker is unreachable. With
+        ``due_only=False`` (a drain) each row is claimed at most once per call, so a
+        failing row is not retried at once and spends no more than one attempt.
+        """
+        cursor = None if due_only else Cursor()
 
         def loop() -> SweepResult:
             done = SweepResult()
-            while True:
-                batch = self.sweep_once(min_age_s, due_only)
+            while not self._stopping.is_set():
+                batch = self.sweep_once(min_age_s, due_only, cursor)
                 done += batch
-                if on_batch is not None and batch.claimed:
+                if on_batch is not None and batch.claimed and not batch.aborted:
                     on_batch(batch.claimed)
-                if batch.claimed < self.settings.sweep_batch:
-                    return done
+                if batch.aborted or batch.claimed < self.settings.sweep_batch:
+                    break
+            return done
 
         if concurrency == 1:
             return loop()
@@ -104,6 +131,10 @@ class Sweeper:
             for part in [pool.submit(loop) for _ in range(concurrency)]:
                 total += part.result()
         return total
+
+    def stop(self) -> None:
+        """Finish the batch in hand, claim no more."""
+        self._stopping.set()
 
     def purge(self) -> int:
         """Delete sent rows older than the retention period, in bounded batches."""
@@ -118,42 +149,44 @@ class Sweeper:
                     log.info("retention: purged=%d", purged)
                 return purged
 
-    def _publish(self, messages: list[Message]) -> list[PublishResult]:
+    def _publish(self, messages: list[Message]) -> list[PublishResult] | None:
+        """The broker's answers, or None when it could not be asked at all."""
+        if self._stopping.is_set() or not self.relay.running:
+            return None
         try:
-            return self.relay.submit(self.relay.broker.publish(messages)).result(
+            results = self.relay.submit(self.relay.broker.publish(messages)).result(
                 self.settings.publish_timeout_s
             )
-        except Exception as exc:  # timeout or adapter bug: every row gets another attempt
+        except Exception as exc:  # timeout, loop closed, adapter bug
             log.warning("sweep publish of %d message(s) failed: %r", len(messages), exc)
-            return [retry(f"publish failed: {exc!r}") for _ in messages]
+            return None
+        if all(r.outcome is Outcome.RETRY and r.error == NOT_CONNECTED for r in results):
+            return None
+        return results
 
     def _record(
-        self,
-        conn: Connection,
-        rows: Sequence[Row[Any]],
-        results: list[PublishResult],
-        now: datetime,
+        self, conn: Connection, rows: Sequence[Row[Any]], results: list[PublishResult]
     ) -> SweepResult:
-        acks = [
-            (str(row.msg_id), r.receipt or "") for row, r in zip(rows, results, strict=True) if r.ok
-        ]
-        failures = [
-            self._failure(row, r, now) for row, r in zip(rows, results, strict=True) if not r.ok
-        ]
+        pairs = list(zip(rows, results, strict=True))
+        acks = [(str(row.msg_id), r.receipt or "") for row, r in pairs if r.ok]
+        failures = [self._failure(row, r) for row, r in pairs if not r.ok]
         if acks:
             store.finish(conn, acks, self.settings.mark_mode)
         if failures:
+            now = store.db_clock(conn)  # after the publish: backoff counts from the failure
+            for failure in failures:
+                failure["next_at"] = now + timedelta(seconds=failure.pop("backoff_s"))
             conn.execute(store.record_failures_stmt(), failures)
         dead = sum(1 for f in failures if f["new_status"] == DEAD)
         return SweepResult(len(rows), len(acks), len(failures) - dead, dead)
 
-    def _failure(self, row: Row[Any], result: PublishResult, now: datetime) -> dict[str, Any]:
+    def _failure(self, row: Row[Any], result: PublishResult) -> dict[str, Any]:
         attempts = row.attempts + 1
         status = DEAD if attempts >= self.settings.max_attempts else PENDING
         return {
             "row_id": row.id,
             "error": f"{result.outcome.value}: {result.error}"[:2000],
-            "next_at": now + timedelta(seconds=self.backoff(attempts)),
+            "backoff_s": self.backoff(attempts),
             "new_status": status,
         }
 
@@ -163,6 +196,22 @@ class Sweeper:
             self.settings.backoff_cap_s, self.settings.backoff_base_s * 2 ** (attempts - 1)
         )
         return float(ceiling * random.uniform(0.5, 1.0))
+
+
+class _BrokerUnreachable(Exception):
+    """Raised inside the claiming transaction to roll it back."""
+
+
+class Cursor:
+    """The highest row id claimed so far by the sweeps of one drain (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.claimed_up_to = 0
+        self._lock = threading.Lock()
+
+    def advance(self, row_id: int) -> None:
+        with self._lock:
+            self.claimed_up_to = max(self.claimed_up_to, row_id)
 
 
 def message_of(row: Row[Any]) -> Message:

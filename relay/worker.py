@@ -56,6 +56,7 @@ class RelayJobs:
         scheduler, self._scheduler = self._scheduler, None
         if scheduler is None:
             return
+        self.sweeper.stop()  # a running sweep finishes its batch and claims no more
         done = threading.Thread(target=scheduler.shutdown, kwargs={"wait": True}, daemon=True)
         done.start()
         done.join(timeout)

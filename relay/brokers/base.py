@@ -13,6 +13,7 @@ from outbox.message import Message
 KEY_HEADER = "Outbox-Key"
 TAGS_HEADER = "Outbox-Tags"
 MSG_ID_HEADER = "Outbox-Msg-Id"
+NOT_CONNECTED = "not connected"  # every adapter's error while it has no connection
 
 
 class Outcome(enum.Enum):

@@ -27,7 +27,15 @@ from nats.js.api import RawStreamMsg
 from outbox.config import mask_url
 from outbox.errors import ConfigError
 from outbox.message import Message
-from relay.brokers.base import Broker, PublishResult, ok, permanent, relay_headers, retry
+from relay.brokers.base import (
+    NOT_CONNECTED,
+    Broker,
+    PublishResult,
+    ok,
+    permanent,
+    relay_headers,
+    retry,
+)
 
 log = logging.getLogger("relay.brokers.nats")
 
@@ -94,7 +102,7 @@ class NatsBroker(Broker):
         if self._js is None or self._nc is None or not self._nc.is_connected:
             # Fail fast while reconnecting: waiting out the timeout would stretch the
             # retry schedule past the hand-off limit.
-            return [retry("not connected") for _ in messages]
+            return [retry(NOT_CONNECTED) for _ in messages]
         if len(messages) == 1:  # the common case at low rates: no gather, no extra task
             return [await self._publish_one(messages[0])]
         return list(await asyncio.gather(*(self._publish_one(m) for m in messages)))

@@ -26,7 +26,15 @@ import aio_pika.exceptions as amqp_errors
 
 from outbox.errors import ConfigError
 from outbox.message import Message
-from relay.brokers.base import Broker, PublishResult, ok, permanent, relay_headers, retry
+from relay.brokers.base import (
+    NOT_CONNECTED,
+    Broker,
+    PublishResult,
+    ok,
+    permanent,
+    relay_headers,
+    retry,
+)
 
 DEFAULT_EXCHANGE = "amq.topic"
 
@@ -62,7 +70,7 @@ class RabbitBroker(Broker):
 
     async def publish(self, messages: Sequence[Message]) -> list[PublishResult]:
         if self._exchange is None or self._connection is None or self._connection.is_closed:
-            return [retry("not connected") for _ in messages]
+            return [retry(NOT_CONNECTED) for _ in messages]
         return list(await asyncio.gather(*(self._publish_one(m) for m in messages)))
 
     async def _publish_one(self, message: Message) -> PublishResult:

@@ -22,7 +22,15 @@ import redis.exceptions
 
 from outbox.errors import ConfigError
 from outbox.message import Message
-from relay.brokers.base import Broker, PublishResult, ok, permanent, relay_headers, retry
+from relay.brokers.base import (
+    NOT_CONNECTED,
+    Broker,
+    PublishResult,
+    ok,
+    permanent,
+    relay_headers,
+    retry,
+)
 
 RETRYABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
@@ -52,7 +60,7 @@ class RedisBroker(Broker):
 
     async def publish(self, messages: Sequence[Message]) -> list[PublishResult]:
         if self._client is None:
-            return [retry("not connected") for _ in messages]
+            return [retry(NOT_CONNECTED) for _ in messages]
         pipe = self._client.pipeline(transaction=False)
         for message in messages:
             pipe.xadd(

@@ -228,3 +228,12 @@ def test_coordinator_command_settles_transactions(
         _, log = coordinator.communicate(timeout=30)
     assert coordinator.returncode == 0, log
     assert "coordinator stopped" in log
+
+
+def test_drain_with_the_broker_down_touches_nothing(pg_url: str) -> None:
+    from relay.embedded import free_port
+
+    seed(pg_url, ["pending"] * 10)
+    done = cli("drain", "--db", pg_url, "--broker", f"nats://127.0.0.1:{free_port()}", timeout=60)
+    assert done.returncode == 1 and "unreachable; nothing was touched" in done.stderr
+    assert count(pg_url, "pending") == 10

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, func, select
 from sqlalchemy.orm import Session
@@ -340,3 +341,60 @@ def test_failed_half_send_does_not_run_the_local_transaction(
     assert result.send_status is SendStatus.SEND_FAILED and result.half_offset is None
     assert result.local_state is ROLLBACK and result.error
     assert ran == [], "the local transaction must not run when the half was not stored"
+
+
+def test_late_end_request_after_a_put_back_delivers_once_without_broker_dedup(
+    nats_server: NatsServer,
+    stream: tuple[str, str],
+    coordinator: Coordinator,
+    producers: list[TransactionProducer],
+) -> None:
+    """The local transaction outlives the transaction timeout: the half is put back and
+    checked (UNKNOW) before the COMMIT end request arrives for the old copy. The newer
+    copy must then be settled, not checked again and published a second time."""
+    name, prefix = stream
+
+    async def stream_without_dedup() -> None:
+        nc = await nats.connect(nats_server.url)
+        await nc.jetstream().add_stream(name=name, subjects=[f"{prefix}.>"], duplicate_window=0.1)
+        await nc.close()
+
+    asyncio.run(stream_without_dedup())
+    committed = threading.Event()
+
+    def slow_commit(msg: TransactionMessage) -> LocalTransactionState:
+        wait_until(lambda: coordinator.stats.check_requests >= 1, what="a check while it runs")
+        committed.set()
+        return COMMIT
+
+    class AnswersFromState(Scripted):
+        def check_local_transaction(self, msg: TransactionMessage) -> LocalTransactionState:
+            self.checks[msg.msg_id] += 1
+            return COMMIT if committed.is_set() else UNKNOW
+
+    listener = AnswersFromState(slow_commit, UNKNOW)
+    p = producer(nats_server.url, listener, producers)
+    result = p.send_in_transaction(f"{prefix}.orders", b"x")
+    wait_until(lambda: real_ids(nats_server, name) == [result.msg_id], what="delivered")
+    rounds = coordinator.stats.rounds
+    wait_until(lambda: coordinator.stats.rounds >= rounds + 5, what="more check rounds")
+    assert real_ids(nats_server, name) == [result.msg_id], "delivered twice"
+
+
+def test_a_malformed_half_does_not_stop_the_coordinator(
+    nats_server: NatsServer,
+    real_stream: tuple[str, str],
+    coordinator: Coordinator,
+    producers: list[TransactionProducer],
+) -> None:
+    name, prefix = real_stream
+    p = producer(nats_server.url, Scripted(lambda m: UNKNOW, COMMIT), producers)
+    bad = p.send_in_transaction(
+        f"{prefix}.orders", b"x", headers={"CHECK_IMMUNITY_TIME_IN_SECONDS": "abc"}
+    )
+    good = p.send_in_transaction(f"{prefix}.orders", b"y")
+    wait_until(
+        lambda: set(real_ids(nats_server, name)) == {bad.msg_id, good.msg_id},
+        timeout=15,
+        what="both",
+    )

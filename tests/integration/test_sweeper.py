@@ -248,3 +248,33 @@ def test_four_sweepers_share_a_backlog_without_double_publishing(
         "every sweeper should have taken a share"
     )
     assert statuses(engine) == Counter({"sent": 20_000})
+
+
+def test_an_unreachable_broker_costs_the_rows_no_attempt(
+    engine: Engine, nats_server: NatsServer, loops: list[BrokerLoop]
+) -> None:
+    """A bug here would walk a whole backlog towards dead during a broker outage."""
+    nats_server.stop()
+    commit_messages(engine, 1200)
+    age_rows(engine)
+    sweeper = Sweeper(engine, running(NatsBroker(nats_server.url), loops), Settings(max_attempts=2))
+    result = sweeper.sweep(concurrency=2, min_age_s=0, due_only=False)
+    assert result.aborted and result.failed == result.dead == 0
+    with engine.connect() as conn:
+        attempts = conn.execute(select(func.max(t.c.attempts))).scalar_one()
+    assert attempts == 0 and statuses(engine) == Counter({"pending": 1200})
+
+
+def test_a_drain_tries_each_failing_row_once(engine: Engine, loops: list[BrokerLoop]) -> None:
+    from relay.brokers.base import retry
+
+    broker = MemoryBroker(
+        policy=lambda m: retry("refused for now") if m.payload == b"bad" else None
+    )
+    sweeper = Sweeper(engine, running(broker, loops), Settings(sweep_batch=50))
+    commit_messages(engine, 120)
+    commit_messages(engine, 30, payload=b"bad")
+    result = sweeper.sweep(concurrency=2, min_age_s=0, due_only=False)
+    assert (result.sent, result.failed) == (120, 30)
+    with engine.connect() as conn:
+        assert conn.execute(select(func.max(t.c.attempts))).scalar_one() == 1
