@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 SERVICES := postgres mariadb rabbitmq redis
+JDBC_JAR := /usr/share/java/postgresql.jar
 
 .PHONY: demo test lint typecheck check services bench clean
 
@@ -13,8 +14,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-services:
+services: $(JDBC_JAR)
 	scripts/services.sh $(SERVICES)
+
+# The PostgreSQL JDBC driver for Spark's partitioned ledger reads (Debian's package).
+$(JDBC_JAR):
+	apt-get update -qq && apt-get install -y -qq libpostgresql-jdbc-java
 
 test: $(STAMP) services
 	$(PY) -m pytest $(PYTEST_ARGS)

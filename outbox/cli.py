@@ -122,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run spark_jobs/reconcile.py locally (local[*]); the same file runs under "
         "spark-submit. Exit status 2 when lost or phantom messages were found.",
     )
-    rec.add_argument("--ledger", required=True, help="ledger Parquet (outbox export ledger)")
+    rec.add_argument(
+        "--ledger", required=True, help="ledger Parquet, or a postgresql:// URL (JDBC, by id range)"
+    )
     rec.add_argument("--broker-log", required=True, help="broker Parquet (outbox export broker)")
     rec.add_argument(
         "--out", required=True, help="folder for summary.json, discrepancies/, report.html"

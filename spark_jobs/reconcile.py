@@ -155,13 +155,13 @@ def run(
     spark: SparkSession, ledger_path: str, broker_path: str, out: str | Path, window: Window
 ) -> dict[str, Any]:
     """Read the two Parquet inputs, write summary.json, discrepancies/ and report.html."""
+    from spark_jobs.ledger import read_ledger
     from spark_jobs.report import write_report
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    classified = classify(
-        spark.read.parquet(ledger_path), spark.read.parquet(broker_path), window
-    ).cache()
+    ledger = read_ledger(spark, ledger_path)
+    classified = classify(ledger, spark.read.parquet(broker_path), window).cache()
     summary = summarise(classified)
     summary["window"] = {
         "start": window.start.isoformat(),
@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="reconcile", description=__doc__.splitlines()[0] if __doc__ else None
     )
     parser.add_argument(
-        "--ledger", required=True, help="Parquet of the outbox ledger (outbox export ledger)"
+        "--ledger", required=True, help="ledger Parquet, or a postgresql:// URL read over JDBC"
     )
     parser.add_argument(
         "--broker-log", required=True, help="Parquet of the broker log (outbox export broker)"
@@ -219,6 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.master:
         builder = builder.master(args.master)
+    if args.ledger.startswith("postgresql"):
+        from spark_jobs.ledger import with_jdbc_jar
+
+        builder = with_jdbc_jar(builder)
     spark = builder.getOrCreate()
     try:
         summary = run(

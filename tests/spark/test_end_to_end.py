@@ -68,3 +68,11 @@ def test_deleted_and_extra_broker_messages_are_counted_exactly(
     assert (total["committed"], total["delivered"], total["lost"]) == (300, 296, 4)
     assert (total["phantom"], total["duplicated"], total["pending"]) == (3, 0, 0)
     assert total["latency_p50_ms"] is not None and total["latency_p50_ms"] >= 0
+
+    # The same ledger read straight from PostgreSQL over JDBC, in id ranges.
+    by_jdbc = [arg if arg != str(ledger) else pg_url for arg in reconcile]
+    by_jdbc[by_jdbc.index(str(out))] = str(tmp_path / "report-jdbc")
+    done = subprocess.run(by_jdbc, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    jdbc_total = json.loads((tmp_path / "report-jdbc" / "summary.json").read_text())["total"]
+    assert jdbc_total == total
