@@ -77,22 +77,22 @@ async def _export_nats(
 ) -> int:
     import nats
     import nats.errors
-    from nats.js.api import DeliverPolicy
+    from nats.js.api import ConsumerConfig, DeliverPolicy
 
     nc = await nats.connect(servers=[url], name="outbox-export")
     written = 0
     try:
         js = nc.jetstream(timeout=10)
         last = (await js.stream_info(stream)).state.last_seq
-        policy = (
-            {"deliver_policy": DeliverPolicy.BY_START_TIME, "opt_start_time": since}
+        config = (
+            ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since)
             if since
-            else {}
+            else None
         )
         with pq.ParquetWriter(out, BROKER) as writer:
             if last == 0:
                 return 0
-            sub = await js.subscribe(">", stream=stream, ordered_consumer=True, **policy)  # type: ignore[arg-type]
+            sub = await js.subscribe(">", stream=stream, ordered_consumer=True, config=config)
             rows: list[dict[str, object]] = []
             while True:
                 try:
