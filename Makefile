@@ -40,6 +40,8 @@ clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
 bench: $(STAMP) services
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench.fast_path $(BENCH_ARGS)
 	$(PY) -m bench.sweeper
 	$(PY) -m bench.halfop
+	$(PY) -m bench.reconcile
