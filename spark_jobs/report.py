@@ -13,6 +13,7 @@ COLUMNS = (
 LABEL = 'font-size="10" text-anchor="middle"'
 BAR = 'fill="#3b6ea8"'
 SVG_NS = "http://www.w3.org/2000/svg"
+TOP_PAD = 16
 KINDS = ("delivered", "pending", "lost", "dead", "duplicated", "phantom", "malformed")
 
 
@@ -23,7 +24,8 @@ def bar_chart(
     top = max((v for _, v in bars), default=0) or 1
     slot = width / max(len(bars), 1)
     parts = [
-        f'<svg xmlns="{SVG_NS}" width="{width}" height="{height + 40}" role="img">',
+        f'<svg xmlns="{SVG_NS}" width="{width}" height="{height + 40 + TOP_PAD}" role="img">',
+        f'<g transform="translate(0 {TOP_PAD})">',  # room for the tallest bar's label
         f"<title>{html.escape(title)}</title>",
     ]
     for i, (label, value) in enumerate(bars):
@@ -35,7 +37,7 @@ def bar_chart(
             f'<text x="{mid:.1f}" y="{height - h - 3:.1f}" {LABEL}>{value:g}</text>',
             f'<text x="{mid:.1f}" y="{height + 14}" {LABEL}>{html.escape(label)}</text>',
         ]
-    parts.append("</svg>")
+    parts.append("</g></svg>")
     return "".join(parts)
 
 
