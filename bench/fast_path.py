@@ -25,6 +25,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
+from bench.report import print_rows
 from outbox import Outbox, migrate
 from relay.embedded import NatsServer
 
@@ -262,14 +263,10 @@ def verdict(ok: bool, target: str) -> str:
 
 def print_table(rows: list[tuple[str, str, str]], args: argparse.Namespace) -> None:
     verify = "off" if args.no_verify else "on"
-    print(f"\nfast path: {args.threads} app threads, {args.per_tx} message(s) per transaction,")
-    print(f"verify_commit {verify},", end=" ")
-    print(
-        f"{args.seconds:.0f} s per phase, {os.cpu_count()} CPUs shared by app, PostgreSQL and NATS"
-    )
-    width = max(len(r[0]) for r in rows)
-    for name, value, note in rows:
-        print(f"  {name:<{width}}  {value:>16}  {note}")
+    title = f"fast path: {args.threads} app threads, {args.per_tx} message(s) per transaction, "
+    title += f"verify_commit {verify}, {args.seconds:.0f} s per phase, "
+    title += f"{os.cpu_count()} CPUs shared by app, PostgreSQL and NATS"
+    print_rows(title, rows)
 
 
 if __name__ == "__main__":

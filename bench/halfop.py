@@ -12,8 +12,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,6 +19,8 @@ from pathlib import Path
 from sqlalchemy import create_engine
 
 from bench.fast_path import bench_schema
+from bench.report import print_rows
+from examples.warehouse_orders import business, place_order
 from outbox import migrate
 from outbox.halfop import (
     BORN_TIMESTAMP,
@@ -34,7 +34,7 @@ from outbox.halfop import (
 from relay.brokers.nats import NatsBroker, read_stream
 from relay.coordinator import Coordinator, CoordinatorSettings
 from relay.embedded import NatsServer
-from tests.integration.test_halfop import PRODUCER_APP, business, place_order
+from relay.faults import kill_producer_after_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_SETTINGS = CoordinatorSettings(check_interval_s=0.2, transaction_timeout_s=0.3)
@@ -87,19 +87,9 @@ def settle_after_kill(url: str, db: str, settings: CoordinatorSettings) -> float
         listener=SqlTransactionListener(engine, place_order, group="orders"),
     )
     survivor.start()
-    env = {**os.environ, "DB": db, "BROKER": url, "TOPIC": "real.killed"}
-    done = subprocess.run(
-        [sys.executable, "-c", PRODUCER_APP],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    msg_id, state, _ = kill_producer_after_commit(db, url, "real.killed", cwd=str(ROOT))
     killed_at = time.monotonic()
-    msg_id, state = done.stdout.split()
-    assert state == "COMMIT_MESSAGE", done.stdout + done.stderr
+    assert state == "COMMIT_MESSAGE", state
     deadline = killed_at + settings.check_interval_s * 3 + settings.transaction_timeout_s + 30
     while not any(m.msg_id == msg_id for m in asyncio.run(read_stream(url, "REAL"))):
         if time.monotonic() > deadline:
@@ -157,13 +147,8 @@ def main() -> None:
             create_real_stream(server.url)
             settled = settle_after_kill(server.url, db, settings)
         rows.append((f"settle after producer SIGKILL, {label} intervals", f"{settled:.2f} s"))
-    print(
-        f"\nmodel B (half/op), {args.threads} producer threads, PostgreSQL + nats-server,", end=" "
-    )
-    print(f"{os.cpu_count()} CPUs")
-    width = max(len(n) for n, _ in rows)
-    for name, value in rows:
-        print(f"  {name:<{width}}  {value}")
+    title = f"model B (half/op), {args.threads} producer threads, PostgreSQL + nats-server"
+    print_rows(f"{title}, {os.cpu_count()} CPUs", rows)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.report import print_rows
+
 SQL = """
 WITH ledger AS (SELECT * FROM read_parquet('{ledger}/*.parquet')),
 broker AS (SELECT * FROM read_parquet('{broker}/*.parquet')),
@@ -117,11 +119,9 @@ def main() -> None:
             )  # fmt: skip
     header = ("rows each side", "spark s", "rows/s", "driver peak MiB", "duckdb s", "spark/duckdb",
               "100% found, 0 false", "duckdb agrees")  # fmt: skip
-    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(header)]
-    print(f"\nreconciliation, local[2] vs DuckDB (2 threads), {os.cpu_count()} CPUs")
-    print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
-    for row in table:
-        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
+    print_rows(
+        f"reconciliation, local[2] vs DuckDB (2 threads), {os.cpu_count()} CPUs", [header, *table]
+    )
 
 
 if __name__ == "__main__":

@@ -15,12 +15,14 @@ import sys
 import time
 from pathlib import Path
 
-from sqlalchemy import create_engine, func, insert, select, text
+from sqlalchemy import create_engine, insert, text
 from sqlalchemy.pool import NullPool
 
 from bench.fast_path import bench_schema
+from bench.report import print_rows
 from outbox import migrate, outbox_message
 from outbox.message import build_message
+from relay import store
 from relay.brokers.nats import NatsBroker
 from relay.embedded import NatsServer
 
@@ -57,11 +59,9 @@ def seed(db: str, rows: int, topic: str) -> None:
 def pending(db: str) -> int:
     engine = create_engine(db, poolclass=NullPool)
     with engine.connect() as conn:
-        n = conn.execute(
-            select(func.count()).where(outbox_message.c.status == "pending")
-        ).scalar_one()
+        n = store.pending_count(conn)
     engine.dispose()
-    return int(n)
+    return n
 
 
 def drain_with_workers(db: str, broker: str, workers: int, concurrency: int) -> float:
@@ -117,10 +117,10 @@ def main() -> None:
                 rate = drain_with_workers(db, url, workers, args.concurrency)
             rows.append((f"drain, {workers} worker process(es) msg/s", f"{rate:,.0f}"))
             rows.append(("  ratio to raw publish (target >= 0.5x with 1)", f"{rate / raw:.2f}x"))
-    print(f"\nsweeper: {args.rows:,} pending rows, PostgreSQL + nats-server, {os.cpu_count()} CPUs")
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"  {name:<{width}}  {value:>10}")
+    print_rows(
+        f"sweeper: {args.rows:,} pending rows, PostgreSQL + nats-server, {os.cpu_count()} CPUs",
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Reusable faults for tests and comparisons: a TCP proxy that can cut a broker off.
+"""Reusable faults for tests, benches and comparisons.
 
 ``TcpProxy(target_port)`` listens on a free loopback port and forwards to the
 target. ``stop()`` closes the listener and every forwarded connection (to the client
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
+import sys
 import threading
 
 from relay.embedded import free_port
@@ -73,3 +75,40 @@ class TcpProxy:
             for sock in (src, dst):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
+
+
+# A model-B producer that dies by SIGKILL after its local transaction committed and
+# before its end request left: check-back alone must settle the message.
+_KILLED_PRODUCER = """
+import os, sys
+from outbox.halfop import SqlTransactionListener, TransactionProducer
+from examples.warehouse_orders import place_order
+
+class DiesAfterCommit(SqlTransactionListener):
+    def execute_local_transaction(self, msg, arg):
+        state = super().execute_local_transaction(msg, arg)
+        print(msg.msg_id, state.value, flush=True)
+        os.kill(os.getpid(), 9)
+
+listener = DiesAfterCommit(sys.argv[1], place_order, group=sys.argv[4], rollback_after_s=2)
+producer = TransactionProducer(group=sys.argv[4], broker=sys.argv[2], listener=listener)
+producer.start()
+producer.send_in_transaction(sys.argv[3], b"x", {"sku": "K1"})
+"""
+
+
+def kill_producer_after_commit(
+    db: str, broker: str, topic: str, group: str = "orders", cwd: str | None = None
+) -> tuple[str, str, int]:
+    """Run such a producer in a subprocess; returns (msg_id, local state, exit code).
+
+    ``cwd`` must be a checkout (the producer imports ``examples.warehouse_orders``).
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_PRODUCER, db, broker, topic, group],
+        cwd=cwd, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    words = done.stdout.split()
+    if len(words) != 2:
+        raise RuntimeError(f"the producer did not report its transaction: {done.stderr[-2000:]}")
+    return words[0], words[1], done.returncode

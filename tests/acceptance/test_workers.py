@@ -14,11 +14,12 @@ from collections import Counter
 from pathlib import Path
 
 import redis
-from sqlalchemy import create_engine, func, insert, select, text
+from sqlalchemy import create_engine, insert, text
 from sqlalchemy.pool import NullPool
 
 from outbox import migrate, outbox_message
 from outbox.message import build_message
+from relay import store
 from tests.helpers import wait_until
 from tests.servers import RedisServer
 
@@ -28,11 +29,9 @@ OUTBOX = str(Path(sys.executable).with_name("outbox"))
 def pending(pg_url: str) -> int:
     engine = create_engine(pg_url, poolclass=NullPool)
     with engine.connect() as conn:
-        n = conn.execute(
-            select(func.count()).where(outbox_message.c.status == "pending")
-        ).scalar_one()
+        n = store.pending_count(conn)
     engine.dispose()
-    return int(n)
+    return n
 
 
 def test_four_workers_drain_20000_rows_each_published_once(pg_url: str) -> None:

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
-import textwrap
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -16,9 +12,9 @@ from typing import Any
 
 import nats
 import pytest
-from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine, create_engine, func, select
 
+from examples.warehouse_orders import business, orders, place_order
 from outbox import migrate
 from outbox.halfop import (
     CHECK_MAX_TOPIC,
@@ -34,6 +30,7 @@ from outbox.halfop import (
 from relay.brokers.nats import NatsBroker, read_stream
 from relay.coordinator import Coordinator, CoordinatorSettings
 from relay.embedded import NatsServer
+from relay.faults import kill_producer_after_commit
 from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,30 +193,27 @@ def test_always_unknow_is_discarded_after_check_max(
     assert count(nats_server, name) == 0
 
 
-business = MetaData()
-orders = Table(
-    "hop_orders", business, Column("id", Integer, primary_key=True), Column("sku", String(20))
-)
-
-
-def place_order(session: Session, msg: TransactionMessage, arg: Any) -> None:
-    session.execute(orders.insert().values(sku=arg["sku"]))
-    if arg.get("fail"):
-        raise ValueError("rejected")
+@pytest.fixture
+def orders_engine(pg_url: str) -> Iterator[Engine]:
+    """A migrated database with the order table, for SqlTransactionListener tests."""
+    migrate.upgrade(pg_url)
+    engine = create_engine(pg_url)
+    business.create_all(engine)
+    yield engine
+    engine.dispose()
 
 
 def test_dropped_end_requests_are_settled_by_check_back_once_each(
-    pg_url: str,
+    orders_engine: Engine,
     nats_server: NatsServer,
     real_stream: tuple[str, str],
     coordinator: Coordinator,
     producers: list[TransactionProducer],
 ) -> None:
-    migrate.upgrade(pg_url)
-    engine = create_engine(pg_url)
-    business.create_all(engine)
     name, prefix = real_stream
-    listener = SqlTransactionListener(engine, place_order, group="orders", rollback_after_s=0.5)
+    listener = SqlTransactionListener(
+        orders_engine, place_order, group="orders", rollback_after_s=0.5
+    )
     p = producer(nats_server.url, listener, producers)
     p._link.drop_end_requests = True  # the fault: no end request ever reaches the coordinator
     results = [
@@ -231,78 +225,43 @@ def test_dropped_end_requests_are_settled_by_check_back_once_each(
     wait_until(lambda: coordinator.stats.ops_written >= 40, timeout=30, what="every half settled")
     ids = real_ids(nats_server, name)
     assert set(ids) == committed and len(ids) == len(set(ids)), "each commit delivered exactly once"
-    with engine.connect() as conn:
+    with orders_engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(orders)).scalar_one() == 30
-    engine.dispose()
-
-
-PRODUCER_APP = textwrap.dedent(
-    """
-    import os, sys
-    from outbox.halfop import SqlTransactionListener, TransactionProducer
-    from tests.integration.test_halfop import place_order
-
-    class DiesAfterCommit(SqlTransactionListener):
-        def execute_local_transaction(self, msg, arg):
-            state = super().execute_local_transaction(msg, arg)
-            print(msg.msg_id, state.value, flush=True)
-            os.kill(os.getpid(), 9)  # after the local commit, before the end request
-
-    listener = DiesAfterCommit(os.environ["DB"], place_order, group="orders", rollback_after_s=2)
-    producer = TransactionProducer(group="orders", broker=os.environ["BROKER"], listener=listener)
-    producer.start()
-    producer.send_in_transaction(os.environ["TOPIC"], b"x", {"sku": "K1"})
-    """
-)
 
 
 def test_killed_producer_is_covered_by_another_of_its_group(
+    orders_engine: Engine,
     pg_url: str,
     nats_server: NatsServer,
     real_stream: tuple[str, str],
     coordinator: Coordinator,
     producers: list[TransactionProducer],
 ) -> None:
-    migrate.upgrade(pg_url)
-    engine = create_engine(pg_url)
-    business.create_all(engine)
     name, prefix = real_stream
-    survivor = producer(
-        nats_server.url, SqlTransactionListener(engine, place_order, group="orders"), producers
+    listener = SqlTransactionListener(orders_engine, place_order, group="orders")
+    survivor = producer(nats_server.url, listener, producers)
+    msg_id, state, code = kill_producer_after_commit(
+        pg_url, nats_server.url, f"{prefix}.orders", cwd=str(ROOT)
     )
-    env = {**os.environ, "DB": pg_url, "BROKER": nats_server.url, "TOPIC": f"{prefix}.orders"}
-    done = subprocess.run(
-        [sys.executable, "-c", PRODUCER_APP],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == -signal.SIGKILL, done.stderr
-    msg_id, state = done.stdout.split()
-    assert state == "COMMIT_MESSAGE"
+    assert code == -signal.SIGKILL and state == "COMMIT_MESSAGE"
     wait_until(
         lambda: real_ids(nats_server, name) == [msg_id],
         timeout=15,
         what="the survivor's check answer",
     )
     assert survivor.checks_answered >= 1
-    engine.dispose()
 
 
 def test_coordinator_restart_resumes_without_loss_or_duplicates(
-    pg_url: str,
+    orders_engine: Engine,
     nats_server: NatsServer,
     real_stream: tuple[str, str],
     producers: list[TransactionProducer],
 ) -> None:
-    migrate.upgrade(pg_url)
-    engine = create_engine(pg_url)
-    business.create_all(engine)
     name, prefix = real_stream
-    listener = SqlTransactionListener(engine, place_order, group="orders", rollback_after_s=0.5)
+    listener = SqlTransactionListener(
+        orders_engine, place_order, group="orders", rollback_after_s=0.5
+    )
     p = producer(nats_server.url, listener, producers)
     first = Coordinator(nats_server.url, QUICK)
     first.start()
@@ -323,7 +282,6 @@ def test_coordinator_restart_resumes_without_loss_or_duplicates(
         assert len(ids) == len(set(ids)) == 40
     finally:
         second.stop()
-    engine.dispose()
 
 
 def test_failed_half_send_does_not_run_the_local_transaction(
