@@ -9,7 +9,8 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, func, select, text
@@ -24,14 +25,34 @@ from tests.helpers import wait_until
 t = outbox_message
 
 
+StartOutbox = Callable[..., Outbox]
+
+
 @pytest.fixture
-def ob(pg_url: str, nats_server: NatsServer, stream: tuple[str, str]) -> Iterator[Outbox]:
+def start_outbox(
+    pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+) -> Iterator[StartOutbox]:
+    """Starts outboxes on this test's schema and stream; stops them all at the end."""
     migrate.upgrade(pg_url)
     name, prefix = stream
-    outbox = Outbox(pg_url, broker=f"{nats_server.url}?stream={name}&subjects={prefix}.>")
-    outbox.start()
-    yield outbox
-    outbox.stop(timeout=5)
+    started: list[Outbox] = []
+
+    def start(db: str = pg_url, **options: Any) -> Outbox:
+        outbox = Outbox(
+            db, broker=f"{nats_server.url}?stream={name}&subjects={prefix}.>", **options
+        )
+        outbox.start()
+        started.append(outbox)
+        return outbox
+
+    yield start
+    for outbox in started:
+        outbox.stop(timeout=5)  # a no-op for one the test stopped itself
+
+
+@pytest.fixture
+def ob(start_outbox: StartOutbox) -> Outbox:
+    return start_outbox()
 
 
 def stored(server: NatsServer, stream: tuple[str, str]) -> list[StoredMessage]:
@@ -134,24 +155,18 @@ def test_broker_down_for_2_s_is_covered_by_the_time_wheel(
 
 
 def test_broker_down_past_the_schedule_leaves_rows_pending(
-    pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+    start_outbox: StartOutbox, pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
 ) -> None:
-    migrate.upgrade(pg_url)
     name, prefix = stream
-    ob = Outbox(pg_url, broker=f"{nats_server.url}?stream={name}&subjects={prefix}.>")
-    ob.start()
-    try:
-        wait_until(lambda: stream_exists(nats_server, name), what="stream created")
-        nats_server.stop()
-        send_from_threads(ob, f"{prefix}.inbound", threads=2, per_thread=25)
-        assert ob.stats is not None
-        stats = ob.stats
-        wait_until(lambda: stats.exhausted + stats.too_old == 50, timeout=15, what="given up")
-        assert statuses(pg_url) == Counter({"pending": 50}), (
-            "nothing may be marked sent without an ack"
-        )
-    finally:
-        ob.stop(timeout=2)
+    ob = start_outbox(sweeper=False)  # the sweeper is tested elsewhere; here only the fast path
+    wait_until(lambda: stream_exists(nats_server, name), what="stream created")
+    nats_server.stop()
+    send_from_threads(ob, f"{prefix}.inbound", threads=2, per_thread=25)
+    stats = ob.stats
+    assert stats is not None
+    wait_until(lambda: stats.exhausted + stats.too_old == 50, timeout=15, what="given up")
+    assert statuses(pg_url) == Counter({"pending": 50}), "nothing may be marked sent without an ack"
+    ob.stop(timeout=2)
     nats_server.start()
     assert stored(nats_server, stream) == []
 
@@ -165,33 +180,22 @@ def stream_exists(server: NatsServer, name: str) -> bool:
 
 
 def test_delete_mode_removes_acked_rows(
-    pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+    start_outbox: StartOutbox, pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
 ) -> None:
-    migrate.upgrade(pg_url)
-    name, prefix = stream
-    ob = Outbox(
-        pg_url, broker=f"{nats_server.url}?stream={name}&subjects={prefix}.>", mark_mode="delete"
-    )
-    ob.start()
-    try:
-        send_from_threads(ob, f"{prefix}.inbound", threads=2, per_thread=50)
-        wait_until(lambda: ob.stats is not None and ob.stats.published == 100, what="published")
-        wait_until(lambda: sum(statuses(pg_url).values()) == 0, what="rows deleted")
-    finally:
-        ob.stop()
+    ob = start_outbox(mark_mode="delete")
+    send_from_threads(ob, f"{stream[1]}.inbound", threads=2, per_thread=50)
+    wait_until(lambda: ob.stats is not None and ob.stats.published == 100, what="published")
+    wait_until(lambda: sum(statuses(pg_url).values()) == 0, what="rows deleted")
     assert len(stored(nats_server, stream)) == 100
 
 
 def test_stop_leaves_no_thread_or_connection(
-    pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+    start_outbox: StartOutbox, pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
 ) -> None:
-    migrate.upgrade(pg_url)
-    name, prefix = stream
+    prefix = stream[1]
     app = f"outbox-test-{prefix}"
-    url = pg_url + f"&application_name={app}"
     threads_before = {th.ident for th in threading.enumerate()}
-    ob = Outbox(url, broker=f"{nats_server.url}?stream={name}&subjects={prefix}.>")
-    ob.start()
+    ob = start_outbox(pg_url + f"&application_name={app}")
     send_from_threads(ob, f"{prefix}.inbound", threads=2, per_thread=20)
     wait_until(lambda: ob.stats is not None and ob.stats.published == 40, what="published")
     assert nats_clients(nats_server) >= 1 and pg_backends(app) >= 1
@@ -221,19 +225,9 @@ def pg_backends(application_name: str) -> int:
 
 
 @pytest.fixture
-def quick_ob(pg_url: str, nats_server: NatsServer, stream: tuple[str, str]) -> Iterator[Outbox]:
+def quick_ob(start_outbox: StartOutbox) -> Outbox:
     """An outbox whose retry schedule ends within about 100 ms."""
-    migrate.upgrade(pg_url)
-    name, prefix = stream
-    outbox = Outbox(
-        pg_url,
-        broker=f"{nats_server.url}?stream={name}&subjects={prefix}.>",
-        retry_delays_ms=(0, 5, 10, 20, 50),
-        sweeper=False,
-    )
-    outbox.start()
-    yield outbox
-    outbox.stop(timeout=5)
+    return start_outbox(retry_delays_ms=(0, 5, 10, 20, 50), sweeper=False)
 
 
 def test_commit_that_postgresql_turned_into_rollback_publishes_nothing(
@@ -289,26 +283,21 @@ def test_scoped_session_is_accepted(quick_ob: Outbox, pg_url: str, stream: tuple
 
 
 def test_broker_down_15_s_while_committing_loses_nothing(
-    pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+    start_outbox: StartOutbox, pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
 ) -> None:
     """Default settings: the fast path gives up after ~5 s, the in-app sweeper finishes the job."""
-    migrate.upgrade(pg_url)
-    name, prefix = stream
-    ob = Outbox(pg_url, broker=f"{nats_server.url}?stream={name}&subjects={prefix}.>")
-    ob.start()
-    committed: list[str] = []
-    try:
-        committed += send_from_threads(ob, f"{prefix}.inbound", threads=2, per_thread=20)
-        nats_server.stop()
-        outage_ends = time.monotonic() + 15
-        while time.monotonic() < outage_ends:  # the app keeps committing through the outage
-            committed += send_from_threads(ob, f"{prefix}.inbound", threads=2, per_thread=5)
-            time.sleep(0.1)
-        nats_server.start()
-        committed += send_from_threads(ob, f"{prefix}.inbound", threads=2, per_thread=20)
-        wait_until(lambda: statuses(pg_url)["sent"] == len(committed), timeout=60, what="all sent")
-    finally:
-        ob.stop(timeout=5)
+    topic = f"{stream[1]}.inbound"
+    ob = start_outbox()
+    committed = send_from_threads(ob, topic, threads=2, per_thread=20)
+    nats_server.stop()
+    outage_ends = time.monotonic() + 15
+    while time.monotonic() < outage_ends:  # the app keeps committing through the outage
+        committed += send_from_threads(ob, topic, threads=2, per_thread=5)
+        time.sleep(0.1)  # pacing the load, not waiting for anything
+    nats_server.start()
+    committed += send_from_threads(ob, topic, threads=2, per_thread=20)
+    wait_until(lambda: statuses(pg_url)["sent"] == len(committed), timeout=60, what="all sent")
+    ob.stop(timeout=5)
     assert statuses(pg_url) == Counter({"sent": len(committed)})
     ids = [m.msg_id for m in stored(nats_server, stream)]
     assert set(ids) == set(committed), "lost = 0"

@@ -20,21 +20,25 @@ from tests.helpers import wait_until
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
 
 
+def deliver(pg_url: str, server: NatsServer, stream: tuple[str, str], count: int) -> None:
+    """Commit ``count`` messages in one transaction and wait until all are marked sent."""
+    name, prefix = stream
+    migrate.upgrade(pg_url)
+    ob = Outbox(pg_url, broker=f"{server.url}?stream={name}&subjects={prefix}.>", sweeper=False)
+    ob.start()
+    with Session(ob.engine) as session, session.begin():
+        for i in range(count):
+            ob.send(session, f"{prefix}.orders", {"n": i})
+    wait_until(lambda: ob.stats is not None and ob.stats.marked == count, what="all delivered")
+    ob.stop()
+
+
 def test_deleted_and_extra_broker_messages_are_counted_exactly(
     pg_url: str, nats_server: NatsServer, stream: tuple[str, str], tmp_path: Path
 ) -> None:
     name, prefix = stream
-    migrate.upgrade(pg_url)
     start = datetime.now(UTC) - timedelta(seconds=1)
-    ob = Outbox(
-        pg_url, broker=f"{nats_server.url}?stream={name}&subjects={prefix}.>", sweeper=False
-    )
-    ob.start()
-    with Session(ob.engine) as session, session.begin():
-        for i in range(300):
-            ob.send(session, f"{prefix}.orders", {"n": i})
-    wait_until(lambda: ob.stats is not None and ob.stats.marked == 300, what="all delivered")
-    ob.stop()
+    deliver(pg_url, nats_server, stream, 300)
 
     async def tamper() -> None:
         nc = await nats.connect(nats_server.url)
@@ -82,17 +86,8 @@ def test_deleted_and_extra_broker_messages_are_counted_exactly(
 def test_nightly_example_reconciles_the_last_day(
     pg_url: str, nats_server: NatsServer, stream: tuple[str, str], tmp_path: Path
 ) -> None:
-    name, prefix = stream
-    migrate.upgrade(pg_url)
-    ob = Outbox(
-        pg_url, broker=f"{nats_server.url}?stream={name}&subjects={prefix}.>", sweeper=False
-    )
-    ob.start()
-    with Session(ob.engine) as session, session.begin():
-        for i in range(50):
-            ob.send(session, f"{prefix}.orders", {"n": i})
-    wait_until(lambda: ob.stats is not None and ob.stats.marked == 50, what="all delivered")
-    ob.stop()
+    name = stream[0]
+    deliver(pg_url, nats_server, stream, 50)
     root = Path(__file__).resolve().parents[2]
     cmd = [sys.executable, "-m", "examples.nightly_reconcile.schedule", "--once"]
     cmd += ["--db", pg_url, "--broker", nats_server.url, "--stream", name, "--out", str(tmp_path)]

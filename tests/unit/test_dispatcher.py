@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -46,26 +46,30 @@ def finisher() -> Finisher:
     return Finisher()
 
 
-def running(broker: MemoryBroker, finisher: Finisher, settings: Settings = FAST) -> Dispatcher:
-    dispatcher = Dispatcher(broker, finisher, settings)
-    dispatcher.start()
-    return dispatcher
+Run = Callable[..., Dispatcher]
 
 
 @pytest.fixture
-def stop_all() -> Iterator[list[Dispatcher]]:
+def running(finisher: Finisher) -> Iterator[Run]:
+    """Starts dispatchers writing to ``finisher``; stops every one at the end."""
     started: list[Dispatcher] = []
-    yield started
-    for d in started:
-        d.stop(2)
+
+    def start(broker: MemoryBroker, settings: Settings = FAST) -> Dispatcher:
+        dispatcher = Dispatcher(broker, finisher, settings)
+        dispatcher.start()
+        started.append(dispatcher)
+        return dispatcher
+
+    yield start
+    for dispatcher in started:
+        dispatcher.stop(2)  # a no-op for one the test stopped itself
 
 
 def test_every_message_published_once_and_marked_in_batches(
-    finisher: Finisher, stop_all: list[Dispatcher]
+    finisher: Finisher, running: Run
 ) -> None:
     broker = MemoryBroker()
-    d = running(broker, finisher)
-    stop_all.append(d)
+    d = running(broker)
     batch = messages(1000)
     assert d.submit(batch) == 1000
     wait_until(lambda: len(finisher.marked) == 1000, what="1000 marks")
@@ -76,9 +80,7 @@ def test_every_message_published_once_and_marked_in_batches(
     assert max(len(b) for b in finisher.batches) <= FAST.ack_batch_size
 
 
-def test_retryable_failures_follow_the_schedule(
-    finisher: Finisher, stop_all: list[Dispatcher]
-) -> None:
+def test_retryable_failures_follow_the_schedule(finisher: Finisher, running: Run) -> None:
     attempts: Counter[str] = Counter()
 
     def fail_twice(message: Message) -> PublishResult | None:
@@ -86,8 +88,7 @@ def test_retryable_failures_follow_the_schedule(
         return retry("broker busy") if attempts[message.msg_id] <= 2 else None
 
     broker = MemoryBroker(policy=fail_twice)
-    d = running(broker, finisher)
-    stop_all.append(d)
+    d = running(broker)
     batch = messages(50)
     d.submit(batch)
     wait_until(lambda: len(finisher.marked) == 50, what="50 marks")
@@ -95,9 +96,7 @@ def test_retryable_failures_follow_the_schedule(
     assert (d.stats.retried, d.stats.first_attempt, d.stats.published) == (100, 0, 50)
 
 
-def test_spent_schedule_leaves_messages_for_the_sweeper(
-    finisher: Finisher, stop_all: list[Dispatcher]
-) -> None:
+def test_spent_schedule_leaves_messages_for_the_sweeper(finisher: Finisher, running: Run) -> None:
     """A bug would mark a row sent without an ack, or retry forever."""
     attempts: Counter[str] = Counter()
 
@@ -105,19 +104,17 @@ def test_spent_schedule_leaves_messages_for_the_sweeper(
         attempts[message.msg_id] += 1
         return retry("down")
 
-    d = running(MemoryBroker(policy=always_down), finisher)
-    stop_all.append(d)
+    d = running(MemoryBroker(policy=always_down))
     d.submit(messages(20))
     wait_until(lambda: d.stats.exhausted == 20, what="schedule spent")
     assert set(attempts.values()) == {len(FAST.retry_delays_ms)}
     assert finisher.marked == []
 
 
-def test_permanent_error_is_not_retried(finisher: Finisher, stop_all: list[Dispatcher]) -> None:
+def test_permanent_error_is_not_retried(finisher: Finisher, running: Run) -> None:
     bad = messages(1)[0]
     broker = MemoryBroker(policy=lambda m: permanent("unroutable") if m is bad else None)
-    d = running(broker, finisher)
-    stop_all.append(d)
+    d = running(broker)
     good = messages(5)
     d.submit([bad, *good])
     wait_until(lambda: len(finisher.marked) == 5, what="healthy ones marked")
@@ -125,11 +122,8 @@ def test_permanent_error_is_not_retried(finisher: Finisher, stop_all: list[Dispa
     assert bad.msg_id not in finisher.marked
 
 
-def test_full_queue_never_blocks_and_is_counted(
-    finisher: Finisher, stop_all: list[Dispatcher]
-) -> None:
-    d = running(MemoryBroker(), finisher, Settings(queue_size=10))
-    stop_all.append(d)
+def test_full_queue_never_blocks_and_is_counted(finisher: Finisher, running: Run) -> None:
+    d = running(MemoryBroker(), Settings(queue_size=10))
     started = time.monotonic()
     assert d.submit(messages(11)) == 0
     assert time.monotonic() - started < 0.5
@@ -138,11 +132,10 @@ def test_full_queue_never_blocks_and_is_counted(
 
 
 def test_messages_past_the_handoff_limit_are_left_to_the_sweeper(
-    finisher: Finisher, stop_all: list[Dispatcher]
+    finisher: Finisher, running: Run
 ) -> None:
     broker = MemoryBroker()
-    d = running(broker, finisher)
-    stop_all.append(d)
+    d = running(broker)
     old = Message("0190c2a0-0000-7000-8000-000000000000", "t.x", b"x", born=time.monotonic() - 9)
     d.submit([old, *messages(1)])
     wait_until(lambda: len(finisher.marked) == 1, what="the young one")
@@ -159,9 +152,9 @@ def test_submit_before_start_or_after_stop_takes_nothing(finisher: Finisher) -> 
     assert d.stats.queue_full == 0
 
 
-def test_stop_finishes_in_flight_publishes_and_acks(finisher: Finisher) -> None:
+def test_stop_finishes_in_flight_publishes_and_acks(finisher: Finisher, running: Run) -> None:
     broker = MemoryBroker(delay=0.3)
-    d = running(broker, finisher)
+    d = running(broker)
     batch = messages(10)
     d.submit(batch)
     wait_until(lambda: broker.batches >= 1, what="a publish in flight")
@@ -171,8 +164,8 @@ def test_stop_finishes_in_flight_publishes_and_acks(finisher: Finisher) -> None:
     assert not [t for t in threading.enumerate() if t.name.startswith("outbox-")]
 
 
-def test_stop_drops_waiting_retries_within_its_deadline(finisher: Finisher) -> None:
-    d = running(MemoryBroker(policy=lambda m: retry("down")), finisher, Settings())
+def test_stop_drops_waiting_retries_within_its_deadline(finisher: Finisher, running: Run) -> None:
+    d = running(MemoryBroker(policy=lambda m: retry("down")), Settings())
     d.submit(messages(5))
     wait_until(lambda: d.stats.retried >= 5, what="retries scheduled")
     started = time.monotonic()
