@@ -35,7 +35,6 @@ class Message:
     key: str | None = None
     tags: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
-    attempts: int = 0
     # time.monotonic() when send() was called: the start of commit->ack latency.
     born: float = field(default_factory=time.monotonic)
 

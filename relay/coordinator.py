@@ -53,7 +53,6 @@ from outbox.halfop import (
     TRAN_MSG,
     UNIQ_KEY,
     LocalTransactionState,
-    message_from_half,
 )
 from relay.halfop_link import ensure_streams
 
@@ -411,6 +410,5 @@ __all__ = [
     "Coordinator",
     "CoordinatorSettings",
     "build_remove_map",
-    "message_from_half",
     "next_op_offset",
 ]

@@ -222,5 +222,4 @@ def message_of(row: Row[Any]) -> Message:
         key=row.key,
         tags=row.tags,
         headers=dict(row.headers or {}),
-        attempts=row.attempts,
     )

@@ -12,7 +12,6 @@ from outbox.message import Message
 # Headers the relay adds to every message, beside the app's own.
 KEY_HEADER = "Outbox-Key"
 TAGS_HEADER = "Outbox-Tags"
-MSG_ID_HEADER = "Outbox-Msg-Id"
 NOT_CONNECTED = "not connected"  # every adapter's error while it has no connection
 
 
