@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,7 @@ def summarise(classified: DataFrame) -> dict[str, Any]:
             F.when(F.col("kind") == "delivered", F.col("latency_ms")), [0.5, 0.9, 0.99]
         ).alias("lat"),
         F.max(F.when(F.col("kind") == "delivered", F.col("latency_ms"))).alias("latency_max_ms"),
+        *histogram_aggs(),
     ]
     rows = (
         classified.withColumn("topic", F.coalesce("topic", F.lit("?")))
@@ -127,60 +129,86 @@ def summarise(classified: DataFrame) -> dict[str, Any]:
     summary: dict[str, Any] = {"topics": {}, "total": {}}
     for row in rows:
         data = row.asDict()
+        buckets = [(label, int(data.pop(label) or 0)) for label in histogram_labels()]
         lat = data.pop("lat") or [None, None, None]
         data.update(latency_p50_ms=lat[0], latency_p90_ms=lat[1], latency_p99_ms=lat[2])
         data["committed"] -= data["malformed"]
         topic = data.pop("topic")
         clean = {k: (int(v) if isinstance(v, int) else v) for k, v in data.items()}
         if topic is None:
-            summary["total"] = clean
+            summary["total"], summary["latency_histogram"] = clean, buckets
         else:
             summary["topics"][topic] = clean
     return summary
 
 
-def latency_histogram(classified: DataFrame) -> list[tuple[str, int]]:
-    bucket = F.lit(f">{LATENCY_BUCKETS_MS[-1]}")
-    for edge in reversed(LATENCY_BUCKETS_MS):
-        bucket = F.when(F.col("latency_ms") <= edge, F.lit(f"<={edge}")).otherwise(bucket)
-    delivered = classified.where(F.col("kind") == "delivered")
-    counts: dict[str, int] = {
-        row["b"]: row["count"] for row in delivered.groupBy(bucket.alias("b")).count().collect()
-    }
-    labels = [f"<={e}" for e in LATENCY_BUCKETS_MS] + [f">{LATENCY_BUCKETS_MS[-1]}"]
-    return [(label, int(counts.get(label, 0))) for label in labels]
+def histogram_aggs() -> list[Column]:
+    """One count per latency bucket of delivered messages, computed in the summary's pass."""
+    delivered = F.col("kind") == "delivered"
+    edges = [float("-inf"), *LATENCY_BUCKETS_MS, float("inf")]
+    return [
+        F.sum(
+            F.when(
+                delivered & (F.col("latency_ms") > lo) & (F.col("latency_ms") <= hi), 1
+            ).otherwise(0)
+        ).alias(label)
+        for (lo, hi), label in zip(pairwise(edges), histogram_labels(), strict=True)
+    ]
+
+
+def histogram_labels() -> list[str]:
+    return [f"<={e}" for e in LATENCY_BUCKETS_MS] + [f">{LATENCY_BUCKETS_MS[-1]}"]
 
 
 def run(
-    spark: SparkSession, ledger_path: str, broker_path: str, out: str | Path, window: Window
+    spark: SparkSession,
+    ledger_path: str,
+    broker_path: str,
+    out: str | Path,
+    window: Window,
+    halfop_path: str | None = None,
 ) -> dict[str, Any]:
-    """Read the two Parquet inputs, write summary.json, discrepancies/ and report.html."""
+    """Read the inputs, write summary.json, discrepancies/ and report.html.
+
+    With ``halfop_path`` the run is for model B: ``ledger_path`` then holds the
+    SqlTransactionListener's records, and the half/op log adds model B's counts.
+    """
+    from spark_jobs import model_b
     from spark_jobs.ledger import read_ledger
     from spark_jobs.report import write_report
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    ledger = read_ledger(spark, ledger_path)
+    if halfop_path is None:
+        ledger = read_ledger(spark, ledger_path)
+    else:
+        halfop_log = spark.read.parquet(halfop_path)
+        ledger = model_b.ledger_from_records(spark.read.parquet(ledger_path), halfop_log)
     classified = classify(ledger, spark.read.parquet(broker_path), window).cache()
     summary = summarise(classified)
+    if halfop_path is not None:
+        model_b.add_counts(summary, model_b.halfop_counts(halfop_log, window))
     summary["window"] = {
         "start": window.start.isoformat(),
         "end": window.end.isoformat(),
         "sla_s": window.sla_s,
     }
-    discrepancies = classified.where(
-        F.col("kind").isin("lost", "phantom", "dead", "malformed") | (F.col("copies") > 1)
-    )
-    discrepancies.withColumn(
-        "kind", F.when((F.col("kind") == "delivered"), F.lit("duplicated")).otherwise(F.col("kind"))
-    ).select("msg_id", "kind", "topic", "copies", "details").write.mode("overwrite").parquet(
-        str(out / "discrepancies")
-    )
-    histogram = latency_histogram(classified)
+    write_discrepancies(classified, out / "discrepancies")
     classified.unpersist()
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    write_report(out / "report.html", summary, histogram)
+    write_report(out / "report.html", summary)
     return summary
+
+
+def write_discrepancies(classified: DataFrame, path: Path) -> None:
+    """msg_id, kind, topic, copies, details of every row that is not a clean delivery."""
+    wrong = classified.where(
+        F.col("kind").isin("lost", "phantom", "dead", "malformed") | (F.col("copies") > 1)
+    )
+    kind = F.when(F.col("kind") == "delivered", F.lit("duplicated")).otherwise(F.col("kind"))
+    wrong.withColumn("kind", kind).select(
+        "msg_id", "kind", "topic", "copies", "details"
+    ).write.mode("overwrite").parquet(str(path))
 
 
 def parse_time(text: str) -> datetime:
@@ -197,6 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--broker-log", required=True, help="Parquet of the broker log (outbox export broker)"
+    )
+    parser.add_argument(
+        "--halfop-log",
+        help="model B: Parquet of the half/op streams (outbox export halfop); --ledger is "
+        "then the listener's records (outbox export records)",
     )
     parser.add_argument(
         "--out", required=True, help="folder for summary.json, discrepancies/, report.html"
@@ -225,9 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         builder = with_jdbc_jar(builder)
     spark = builder.getOrCreate()
     try:
-        summary = run(
-            spark, args.ledger, args.broker_log, args.out, Window(args.start, args.end, args.sla)
-        )
+        window = Window(args.start, args.end, args.sla)
+        summary = run(spark, args.ledger, args.broker_log, args.out, window, args.halfop_log)
     finally:
         spark.stop()
     total = summary["total"]

@@ -10,6 +10,7 @@ COLUMNS = (
     "committed", "delivered", "pending", "lost", "dead", "duplicated", "phantom", "malformed",
     "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "latency_max_ms",
 )  # fmt: skip
+MODEL_B_COLUMNS = ("halfs", "half_writes", "ops", "checks", "unresolved", "discarded")
 LABEL = 'font-size="10" text-anchor="middle"'
 BAR = 'fill="#3b6ea8"'
 SVG_NS = "http://www.w3.org/2000/svg"
@@ -42,12 +43,13 @@ def bar_chart(
 
 
 def table(summary: dict[str, Any]) -> str:
-    head = "".join(f"<th>{c}</th>" for c in ("topic", *COLUMNS))
+    columns = COLUMNS + (MODEL_B_COLUMNS if summary.get("model") == "b" else ())
+    head = "".join(f"<th>{c}</th>" for c in ("topic", *columns))
     rows = [("TOTAL", summary["total"]), *sorted(summary["topics"].items())]
     body = "".join(
         "<tr>"
         + f"<td>{html.escape(name)}</td>"
-        + "".join(f"<td>{fmt(data.get(c))}</td>" for c in COLUMNS)
+        + "".join(f"<td>{fmt(data.get(c))}</td>" for c in columns)
         + "</tr>"
         for name, data in rows
     )
@@ -63,9 +65,11 @@ def fmt(value: Any) -> str:
 def write_report(
     path: Path,
     summary: dict[str, Any],
-    histogram: list[tuple[str, int]],
     title: str = "Outbox reconciliation",
 ) -> None:
+    if summary.get("model") == "b":
+        title += " (model B: half/op)"
+    histogram = summary.get("latency_histogram", [])
     total = summary["total"]
     verdict = "OK" if not total.get("lost") and not total.get("phantom") else "DISCREPANCIES"
     window = summary.get("window", {})

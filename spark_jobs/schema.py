@@ -29,3 +29,28 @@ BROKER = pa.schema(
         ("broker_ts", TS),
     ]
 )
+
+# Model B's business truth: SqlTransactionListener's table (outbox_transaction_record).
+RECORDS = pa.schema(
+    [
+        ("transaction_id", pa.string()),
+        ("producer_group", pa.string()),
+        ("msg_id", pa.string()),
+        ("created_at", TS),
+    ]
+)
+
+# Model B's system streams in one file: ``stream`` is half, op or discarded. A half
+# row is one copy of a half (put-backs add copies); an op row names the half offset
+# it settles; a discarded row is a half given up after too many checks.
+HALFOP_LOG = pa.schema(
+    [
+        ("stream", pa.string()),
+        ("msg_id", pa.string()),
+        ("topic", pa.string()),  # REAL_TOPIC (empty for ops)
+        ("seq", pa.int64()),
+        ("broker_ts", TS),
+        ("check_times", pa.int32()),
+        ("half_offset", pa.int64()),  # ops and discarded: the half they refer to
+    ]
+)
