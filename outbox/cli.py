@@ -16,7 +16,8 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -28,6 +29,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DEAD = 0, 1, 2, 3
 DRAIN_PASSES = 3
 CONNECT_WAIT_S = 10.0
 log = logging.getLogger("outbox.cli")
+T = TypeVar("T")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,14 +106,32 @@ def build_parser() -> argparse.ArgumentParser:
         "export",
         help="write the ledger or the broker log to Parquet (for `outbox reconcile`)",
         description="Stream the outbox ledger (any supported DB) or a broker's log to a Parquet "
-        "file in bounded memory.",
+        "file in bounded memory. The broker URL's scheme says what to read: nats:// a "
+        "JetStream stream (--stream), redis:// topics' streams (--topic), amqp:// the "
+        "relay's audit stream queue (--queue).",
     )
-    exp.add_argument("what", choices=["ledger", "broker"])
+    exp.add_argument(
+        "what",
+        choices=["ledger", "broker", "records", "halfop"],
+        help="ledger: outbox_message; broker: the broker's log; model B: records (the "
+        "listener's table) and halfop (the half, op and discarded streams, nats:// only)",
+    )
     add_db_flag(exp)
     exp.add_argument(
         "--broker", default=os.environ.get("OUTBOX_BROKER"), help="broker URL (broker export)"
     )
-    exp.add_argument("--stream", help="JetStream stream to read (broker export)")
+    exp.add_argument("--stream", help="JetStream stream to read (nats:// broker export)")
+    exp.add_argument(
+        "--topic",
+        dest="topics",
+        action="append",
+        metavar="TOPIC",
+        help="topic whose stream to read, repeatable (redis:// broker export)",
+    )
+    exp.add_argument(
+        "--queue",
+        help="audit stream queue to read, the relay's ?audit=QUEUE (amqp:// broker export)",
+    )
     exp.add_argument("--since", type=iso_time, help="ISO 8601 start (default: the beginning)")
     exp.add_argument("--until", type=iso_time, help="ISO 8601 end (default: now)")
     exp.add_argument("--out", required=True, help="Parquet file to write")
@@ -126,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--ledger", required=True, help="ledger Parquet, or a postgresql:// URL (JDBC, by id range)"
     )
     rec.add_argument("--broker-log", required=True, help="broker Parquet (outbox export broker)")
+    rec.add_argument(
+        "--halfop-log",
+        help="model B: half/op Parquet (outbox export halfop); --ledger is then the records",
+    )
     rec.add_argument(
         "--out", required=True, help="folder for summary.json, discrepancies/, report.html"
     )
@@ -339,21 +363,55 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.db is None:
             raise OutboxError("--db is required (or set OUTBOX_DB)")
         count = export.export_ledger(args.db, args.out, args.since, args.until)
+    elif args.what == "records":
+        if args.db is None:
+            raise OutboxError("--db is required (or set OUTBOX_DB)")
+        count = export.export_records(args.db, args.out, args.since, args.until)
+    elif args.what == "halfop":
+        broker = required(args.broker, "--broker", "a half/op export (or set OUTBOX_BROKER)")
+        count = export.export_halfop_nats(broker, args.out, args.since, args.until)
     else:
-        if not args.broker or not args.stream:
-            raise OutboxError("--broker and --stream are required for a broker export")
-        count = export.export_broker_nats(
-            args.broker, args.stream, args.out, args.since, args.until
-        )
+        count = export_broker(args)
     print(f"exported {count} row(s) to {args.out}")
     return EXIT_OK
+
+
+def export_broker(args: argparse.Namespace) -> int:
+    """The broker's log, read the way its URL's scheme says."""
+    from spark_jobs import export
+
+    if not args.broker:
+        raise OutboxError("--broker is required for a broker export (or set OUTBOX_BROKER)")
+    scheme = urlsplit(args.broker).scheme
+    window = (args.out, args.since, args.until)
+    if scheme == "nats":
+        stream = required(args.stream, "--stream", f"a broker export from {scheme}://")
+        return export.export_broker_nats(args.broker, stream, *window)
+    if scheme in ("redis", "rediss"):
+        topics = required(args.topics, "--topic", f"a broker export from {scheme}://")
+        return export.export_broker_redis(args.broker, topics, *window)
+    if scheme in ("amqp", "amqps"):
+        queue = required(args.queue, "--queue", f"a broker export from {scheme}://")
+        return export.export_broker_rabbitmq(args.broker, queue, *window)
+    raise OutboxError(f"broker export: {scheme}:// keeps no log to export")
+
+
+def required(value: T | None, flag: str, purpose: str) -> T:
+    if not value:
+        raise OutboxError(f"{flag} is required for {purpose}")
+    return value
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
     from spark_jobs import reconcile
 
-    flags = ("ledger", "broker_log", "out", "start", "end", "sla", "master")
-    argv = [item for flag in flags for item in (f"--{flag.replace('_', '-')}", getattr(args, flag))]
+    flags = ("ledger", "broker_log", "out", "start", "end", "sla", "master", "halfop_log")
+    argv = [
+        item
+        for flag in flags
+        if getattr(args, flag) is not None
+        for item in (f"--{flag.replace('_', '-')}", getattr(args, flag))
+    ]
     return reconcile.main(argv)
 
 

@@ -7,17 +7,28 @@ dedupe by it); persistent delivery; app headers plus ``Outbox-Key`` /
 ``Outbox-Tags`` as AMQP headers; receipt = ``ack:<delivery tag>`` of the confirm,
 which may cover several messages (RabbitMQ stores no per-message id to return).
 
+Each message carries ``timestamp`` = the relay's publish time (whole seconds, as AMQP
+has it): RabbitMQ keeps no arrival time per message, so this is the broker log's time.
+
+Audit stream (``?audit=QUEUE``): RabbitMQ keeps no log of what was published, so
+``connect()`` declares a durable stream queue bound to the exchange with ``#``; it keeps
+a copy of every message for ``outbox export broker``. It must be set before the
+messages are published. Trade-off: with it every message is routable, so a topic that
+no other queue binds is no longer refused as unroutable. The stream grows until a
+retention policy (``x-max-age`` / ``x-max-length-bytes``) trims it.
+
 Outcomes: confirmed -> ok; returned as unroutable (``mandatory``) -> permanent (no
 queue is bound: publishing again will not help); nacked -> retry; connection or
 channel lost -> retry (the connection reconnects by itself).
 
-URL: ``amqp://user:pass@host:5672/vhost[?exchange=NAME&timeout=1&reconnect_interval=0.5]``.
+URL: ``amqp://user:pass@host:5672/vhost[?exchange=NAME&audit=QUEUE&timeout=1&reconnect_interval=0.5]``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -44,6 +55,7 @@ class RabbitBroker(Broker):
         parts = urlsplit(url)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         self.exchange_name = query.pop("exchange", DEFAULT_EXCHANGE)
+        self.audit_queue = query.pop("audit", None)
         try:
             self.timeout = float(query.pop("timeout", "1"))
         except ValueError:
@@ -63,6 +75,11 @@ class RabbitBroker(Broker):
                 exchange = await channel.declare_exchange(
                     self.exchange_name, aio_pika.ExchangeType.TOPIC, durable=True
                 )
+            if self.audit_queue:
+                audit = await channel.declare_queue(
+                    self.audit_queue, durable=True, arguments={"x-queue-type": "stream"}
+                )
+                await audit.bind(exchange, routing_key="#")
         except BaseException:
             await connection.close()
             raise
@@ -80,6 +97,7 @@ class RabbitBroker(Broker):
             message_id=message.msg_id,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             content_type=headers.get("content-type"),
+            timestamp=datetime.now(UTC),
             headers=headers,  # type: ignore[arg-type]
         )
         try:
