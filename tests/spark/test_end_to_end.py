@@ -11,13 +11,27 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import nats
+from pyspark.sql import SparkSession
+from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from outbox import Outbox, migrate
+from examples.warehouse_orders import business, place_order
+from outbox import Outbox, cli, migrate
+from outbox.halfop import SqlTransactionListener, TransactionProducer
+from relay.brokers.nats import NatsBroker
+from relay.coordinator import Coordinator, CoordinatorSettings
 from relay.embedded import NatsServer
+from spark_jobs.reconcile import Window, run
 from tests.helpers import wait_until
 
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
+QUICK_CHECKS = CoordinatorSettings(check_interval_s=0.2, transaction_timeout_s=0.3)
+
+
+async def create_stream(url: str, name: str, prefix: str) -> None:
+    broker = NatsBroker(f"{url}?stream={name}&subjects={prefix}.>")
+    await broker.connect()
+    await broker.close()
 
 
 def deliver(pg_url: str, server: NatsServer, stream: tuple[str, str], count: int) -> None:
@@ -138,3 +152,67 @@ def test_the_job_file_runs_under_spark_submit(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr[-2000:]  # lost and phantom found
     total = json.loads((tmp_path / "out" / "summary.json").read_text())["total"]
     assert (total["lost"], total["phantom"], total["delivered"]) == (2, 1, 2998)
+
+
+def test_model_b_run_reconciled_from_records_halfs_ops_and_the_real_stream(
+    pg_url: str,
+    nats_server: NatsServer,
+    stream: tuple[str, str],
+    tmp_path: Path,
+    spark: SparkSession,
+) -> None:
+    """Model B for real: every end request dropped, so check-back settles all 40 halfs."""
+    name, prefix = stream
+    start = datetime.now(UTC) - timedelta(seconds=1)
+    migrate.upgrade(pg_url)
+    engine = create_engine(pg_url)
+    business.create_all(engine)
+    coordinator = Coordinator(nats_server.url, QUICK_CHECKS)
+    coordinator.start()
+    producer = TransactionProducer(
+        group="orders",
+        broker=nats_server.url,
+        listener=SqlTransactionListener(engine, place_order, group="orders", rollback_after_s=0.5),
+    )
+    try:
+        asyncio.run(create_stream(nats_server.url, name, prefix))
+        producer.start()
+        producer._link.drop_end_requests = True
+        for i in range(40):  # every fourth order is rejected: 30 commit
+            producer.send_in_transaction(
+                f"{prefix}.orders", b"{}", {"sku": f"S{i}", "fail": i % 4 == 0}
+            )
+        wait_until(lambda: coordinator.stats.ops_written >= 40, timeout=60, what="all settled")
+    finally:
+        producer.stop()
+        coordinator.stop()
+        engine.dispose()
+
+    async def tamper() -> None:
+        nc = await nats.connect(nats_server.url)
+        js = nc.jetstream()
+        for seq in (3, 17):  # lost at the broker
+            await js.delete_msg(name, seq)
+        await js.publish(f"{prefix}.orders", b"{}", headers={"Nats-Msg-Id": "phantom-b"})
+        await nc.close()
+
+    asyncio.run(tamper())
+    files = {k: str(tmp_path / f"{k}.parquet") for k in ("records", "halfop", "broker")}
+    assert cli.main(["export", "records", "--db", pg_url, "--out", files["records"]]) == 0
+    assert (
+        cli.main(["export", "halfop", "--broker", nats_server.url, "--out", files["halfop"]]) == 0
+    )
+    broker = ["export", "broker", "--broker", nats_server.url, "--stream", name]
+    assert cli.main([*broker, "--out", files["broker"]]) == 0
+    window = Window(start, datetime.now(UTC) + timedelta(seconds=120), sla_s=60)
+    out = tmp_path / "report"
+    summary = run(spark, files["records"], files["broker"], out, window, files["halfop"])
+    total = summary["total"]
+    assert (total["committed"], total["delivered"], total["lost"], total["phantom"]) == (
+        30,
+        28,
+        2,
+        1,
+    )
+    assert (total["halfs"], total["ops"], total["unresolved"], total["discarded"]) == (40, 40, 0, 0)
+    assert total["checks"] >= 40 and total["half_writes"] >= 80  # each checked and put back
