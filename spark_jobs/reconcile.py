@@ -43,53 +43,55 @@ class Window:
 
 
 def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
-    """One row per msg_id in question, with its kind and details (the discrepancies and more)."""
+    """One row per msg_id in question, with its kind and details (the discrepancies and more).
+
+    One full outer join of the ledger with the broker's copies per msg_id gives both
+    the committed side (delivered, pending, lost, dead) and the phantoms.
+    """
     valid = ledger.where(F.col("msg_id").isNotNull() & (F.length("msg_id") > 0))
-    copies = (
-        broker.where(F.col("msg_id").isNotNull())
-        .groupBy("msg_id")
-        .agg(
-            F.count(F.lit(1)).alias("copies"),
-            F.min("broker_ts").alias("first_ts"),
-            F.first("topic").alias("broker_topic"),
-        )
+    in_broker_window = (F.col("broker_ts") >= F.lit(window.start)) & (
+        F.col("broker_ts") < F.lit(window.end)
     )
-    in_window = valid.where(
-        (F.col("created_at") >= F.lit(window.start)) & (F.col("created_at") < F.lit(window.end))
+    copies = broker.groupBy("msg_id").agg(  # entries without a msg_id group together: a phantom
+        F.count(F.lit(1)).alias("copies"),
+        F.sum(F.when(in_broker_window, 1).otherwise(0)).alias("copies_in_window"),
+        F.min("broker_ts").alias("first_ts"),
+        F.first("topic").alias("broker_topic"),
     )
-    joined = in_window.join(copies, "msg_id", "left")
+    in_ledger = F.col("created_at").isNotNull()
+    in_window = (F.col("created_at") >= F.lit(window.start)) & (
+        F.col("created_at") < F.lit(window.end)
+    )
+    phantom = ~in_ledger & (F.col("copies_in_window") > 0)
     kind = (
-        F.when(F.col("copies").isNotNull(), F.lit("delivered"))
+        F.when(~in_ledger, F.lit("phantom"))
+        .when(F.col("copies").isNotNull(), F.lit("delivered"))
         .when(F.col("status") == "dead", F.lit("dead"))
         .when(F.col("created_at") >= F.lit(window.pending_after), F.lit("pending"))
         .otherwise(F.lit("lost"))
     )
-    committed = joined.select(
-        "msg_id",
-        "topic",
-        kind.alias("kind"),
-        F.coalesce(F.col("copies"), F.lit(0)).alias("copies"),
-        latency_ms(F.col("first_ts"), F.col("created_at")).alias("latency_ms"),
-        F.col("status").alias("details"),
+    judged = (
+        valid.select("msg_id", "topic", "status", "created_at")
+        .join(copies, "msg_id", "full_outer")
+        .where((in_ledger & in_window) | phantom)
+        .select(
+            "msg_id",
+            F.when(in_ledger, F.col("topic")).otherwise(F.col("broker_topic")).alias("topic"),
+            kind.alias("kind"),
+            F.when(in_ledger, F.coalesce("copies", F.lit(0)))
+            .otherwise(F.col("copies_in_window"))
+            .alias("copies"),
+            latency_ms(F.col("first_ts"), F.col("created_at")).alias("latency_ms"),
+            F.when(in_ledger, F.col("status")).otherwise(F.lit("no ledger row")).alias("details"),
+        )
     )
-    in_broker_window = (F.col("broker_ts") >= F.lit(window.start)) & (
-        F.col("broker_ts") < F.lit(window.end)
-    )
-    phantoms = (
-        broker.where(in_broker_window)
-        .join(valid.select("msg_id"), "msg_id", "left_anti")
-        .groupBy("msg_id")
-        .agg(F.first("topic").alias("topic"), F.count(F.lit(1)).alias("copies"))
-        .select("msg_id", "topic", "copies")
-    )
-    phantoms = labelled(phantoms, "phantom", F.lit("no ledger row"))
     malformed = ledger.where(F.col("msg_id").isNull() | (F.length("msg_id") == 0)).select(
         "msg_id", "topic", F.lit(0).alias("copies"), "id"
     )
     malformed = labelled(
         malformed, "malformed", F.concat(F.lit("ledger id "), F.col("id").cast("string"))
     )
-    return committed.unionByName(phantoms).unionByName(malformed)
+    return judged.unionByName(malformed)
 
 
 def labelled(frame: DataFrame, kind: str, details: Column) -> DataFrame:
