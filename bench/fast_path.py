@@ -16,17 +16,16 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import nats
-from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, text, update
-from sqlalchemy.engine import make_url
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, update
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import NullPool
 
 from bench.report import print_rows
 from outbox import Outbox, migrate
+from outbox.config import scratch_schema
 from relay.embedded import NatsServer
 
 PG = os.environ.get("OUTBOX_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -49,22 +48,8 @@ def pct(values: list[float], q: float) -> float:
     )
 
 
-@contextmanager
-def bench_schema() -> Iterator[str]:
-    schema = f"bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG, poolclass=NullPool)
-    with admin.begin() as conn:
-        conn.execute(text(f"CREATE SCHEMA {schema}"))
-    try:
-        yield (
-            make_url(PG)
-            .update_query_dict({"options": f"-csearch_path={schema}"})
-            .render_as_string(False)
-        )
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
+def bench_schema() -> AbstractContextManager[str]:
+    return scratch_schema(PG, "bench")
 
 
 def paced(threads: int, rate: float, seconds: float, work: Callable[[int], None]) -> float:

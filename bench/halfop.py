@@ -14,13 +14,11 @@ import os
 import statistics
 import threading
 import time
-from pathlib import Path
 
 from sqlalchemy import create_engine
 
 from bench.fast_path import bench_schema
 from bench.report import print_rows
-from examples.warehouse_orders import business, place_order
 from outbox import migrate
 from outbox.halfop import (
     BORN_TIMESTAMP,
@@ -35,8 +33,8 @@ from relay.brokers.nats import NatsBroker, read_stream
 from relay.coordinator import Coordinator, CoordinatorSettings
 from relay.embedded import NatsServer
 from relay.faults import kill_producer_after_commit
+from relay.workload import business, place_order
 
-ROOT = Path(__file__).resolve().parents[1]
 TEST_SETTINGS = CoordinatorSettings(check_interval_s=0.2, transaction_timeout_s=0.3)
 
 
@@ -87,7 +85,7 @@ def settle_after_kill(url: str, db: str, settings: CoordinatorSettings) -> float
         listener=SqlTransactionListener(engine, place_order, group="orders"),
     )
     survivor.start()
-    msg_id, state, _ = kill_producer_after_commit(db, url, "real.killed", cwd=str(ROOT))
+    msg_id, state, _ = kill_producer_after_commit(db, url, "real.killed")
     killed_at = time.monotonic()
     assert state == "COMMIT_MESSAGE", state
     deadline = killed_at + settings.check_interval_s * 3 + settings.transaction_timeout_s + 30

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.pool import NullPool
 
 from outbox.errors import ConfigError
 
@@ -134,3 +138,28 @@ def check_broker_url(broker: str | None) -> str | None:
             f"use one of {', '.join(s + '://' for s in BROKER_SCHEMES)}"
         )
     return broker
+
+
+def with_query(db: str, **params: str) -> str:
+    """The database URL with extra driver parameters (e.g. ``options``, ``application_name``)."""
+    return make_url(db).update_query_dict(params).render_as_string(hide_password=False)
+
+
+def schema_url(db: str, schema: str) -> str:
+    """A PostgreSQL URL whose connections see only ``schema`` (search_path)."""
+    return with_query(db, options=f"-csearch_path={schema}")
+
+
+@contextmanager
+def scratch_schema(db: str, prefix: str = "scratch") -> Iterator[str]:
+    """A new, empty PostgreSQL schema for the block (its URL), dropped afterwards."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(db, poolclass=NullPool)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield schema_url(db, schema)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()

@@ -11,39 +11,21 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
-from sqlalchemy.pool import NullPool
+from sqlalchemy import Engine, create_engine
 
 from outbox import migrate
+from outbox.config import scratch_schema
 from relay.embedded import NatsServer
 
 PG_URL = os.environ.get("OUTBOX_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 MARIADB_URL = os.environ.get("OUTBOX_TEST_MARIADB", "mysql+pymysql://root@127.0.0.1:3306/test")
 
 
-def schema_url(base: str, schema: str) -> str:
-    """A URL whose connections see only `schema` (PostgreSQL search_path)."""
-    return (
-        make_url(base)
-        .update_query_dict({"options": f"-csearch_path={schema}"})
-        .render_as_string(hide_password=False)
-    )
-
-
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """An empty PostgreSQL schema of this test's own, dropped afterwards."""
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(PG_URL, poolclass=NullPool)
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield schema_url(PG_URL, schema)
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with scratch_schema(PG_URL, "t") as url:
+        yield url
 
 
 @pytest.fixture

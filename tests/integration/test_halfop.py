@@ -7,14 +7,12 @@ import signal
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
 from sqlalchemy import Engine, create_engine, func, select
 
-from examples.warehouse_orders import business, orders, place_order
 from outbox import migrate
 from outbox.halfop import (
     CHECK_MAX_TOPIC,
@@ -31,9 +29,9 @@ from relay.brokers.nats import NatsBroker, read_stream
 from relay.coordinator import Coordinator, CoordinatorSettings
 from relay.embedded import NatsServer
 from relay.faults import kill_producer_after_commit
+from relay.workload import business, orders, place_order
 from tests.helpers import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
 QUICK = CoordinatorSettings(check_interval_s=0.2, transaction_timeout_s=0.3, check_max=15)
 COMMIT, ROLLBACK, UNKNOW = (
     LocalTransactionState.COMMIT_MESSAGE,
@@ -240,9 +238,7 @@ def test_killed_producer_is_covered_by_another_of_its_group(
     name, prefix = real_stream
     listener = SqlTransactionListener(orders_engine, place_order, group="orders")
     survivor = producer(nats_server.url, listener, producers)
-    msg_id, state, code = kill_producer_after_commit(
-        pg_url, nats_server.url, f"{prefix}.orders", cwd=str(ROOT)
-    )
+    msg_id, state, code = kill_producer_after_commit(pg_url, nats_server.url, f"{prefix}.orders")
     assert code == -signal.SIGKILL and state == "COMMIT_MESSAGE"
     wait_until(
         lambda: real_ids(nats_server, name) == [msg_id],

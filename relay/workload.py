@@ -1,4 +1,4 @@
-"""A tiny business for model B examples, tests and the bench: placing an order.
+"""A tiny business for `outbox compare`, the benches and tests: placing an order.
 
 ``place_order`` is the local transaction a ``SqlTransactionListener`` runs; an order
 with ``fail`` set is rejected and rolls back.
