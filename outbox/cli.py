@@ -158,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--sla", default="60", help="seconds before a missing message counts as lost")
     rec.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
 
+    commands.add_parser(
+        "compare",
+        help="run one workload through model A and model B, with faults; compare.html",
+        description="See `outbox compare --help` for its options.",
+        add_help=False,
+    )
+
     coord = commands.add_parser(
         "coordinator",
         help="run model B's coordinator: end transactions and check-back (until SIGTERM)",
@@ -448,6 +455,11 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["compare"]:  # its own parser: spark_jobs/compare.py runs unchanged alone
+        from spark_jobs import compare
+
+        return compare.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "db", "") is None and args.command != "export":

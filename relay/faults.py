@@ -1,17 +1,31 @@
-"""Reusable faults for tests, benches and comparisons.
+"""Reusable faults for tests, benches and `outbox compare`.
 
 ``TcpProxy(target_port)`` listens on a free loopback port and forwards to the
 target. ``stop()`` closes the listener and every forwarded connection (to the client
-the broker is gone); ``start()`` listens again on the same port (it came back).
+the broker is gone); ``start()`` listens again on the same port (it came back);
+``dropping = True`` swallows traffic both ways on open connections (acks silently
+lost) until it is set back and the connections are cut (as a middlebox would).
+
+The others: ``kill_app_after_commit`` (model A: SIGKILL with committed messages in
+memory), ``kill_producer_after_commit`` (model B: SIGKILL between the local commit
+and the end request), ``terminate_backends`` (the relay's DB connections killed),
+``paused`` (SIGSTOP a worker, SIGCONT after).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
+import time
+from collections.abc import Iterator
+
+from sqlalchemy import create_engine, text
 
 from relay.embedded import free_port
 
@@ -23,6 +37,7 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self.dropping = False
 
     def start(self) -> TcpProxy:
         listener = socket.socket()
@@ -48,6 +63,14 @@ class TcpProxy:
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
+    def drop_for(self, seconds: float) -> None:
+        """Swallow all traffic for ``seconds``, then cut the connections (clients reconnect)."""
+        self.dropping = True
+        time.sleep(seconds)
+        self.dropping = False
+        self.stop()
+        self.start()
+
     def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
@@ -68,7 +91,8 @@ class TcpProxy:
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
-                dst.sendall(data)
+                if not self.dropping:
+                    dst.sendall(data)
         except OSError:
             pass
         finally:
@@ -82,7 +106,7 @@ class TcpProxy:
 _KILLED_PRODUCER = """
 import os, sys
 from outbox.halfop import SqlTransactionListener, TransactionProducer
-from examples.warehouse_orders import place_order
+from relay.workload import place_order
 
 class DiesAfterCommit(SqlTransactionListener):
     def execute_local_transaction(self, msg, arg):
@@ -98,17 +122,74 @@ producer.send_in_transaction(sys.argv[3], b"x", {"sku": "K1"})
 
 
 def kill_producer_after_commit(
-    db: str, broker: str, topic: str, group: str = "orders", cwd: str | None = None
+    db: str, broker: str, topic: str, group: str = "orders"
 ) -> tuple[str, str, int]:
-    """Run such a producer in a subprocess; returns (msg_id, local state, exit code).
-
-    ``cwd`` must be a checkout (the producer imports ``examples.warehouse_orders``).
-    """
+    """Run such a producer in a subprocess; returns (msg_id, local state, exit code)."""
     done = subprocess.run(
         [sys.executable, "-c", _KILLED_PRODUCER, db, broker, topic, group],
-        cwd=cwd, capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     words = done.stdout.split()
     if len(words) != 2:
         raise RuntimeError(f"the producer did not report its transaction: {done.stderr[-2000:]}")
     return words[0], words[1], done.returncode
+
+
+# A model-A app that is SIGKILLed right after its commit: the messages were only in
+# its memory (the msgQueue), so the sweeper or a relay worker must deliver them.
+_KILLED_APP = textwrap.dedent(
+    """
+    import sys
+    from sqlalchemy.orm import Session
+    from outbox import Outbox
+    db, broker, topic, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    ob = Outbox(db, broker=broker, sweeper=False)
+    ob.start()
+    with Session(ob.engine) as session, session.begin():
+        for i in range(count):
+            ob.send(session, topic, {"i": i})
+    print("committed", flush=True)
+    sys.stdin.read()  # wait, messages in memory, until killed
+    """
+)
+
+
+def kill_app_after_commit(db: str, broker: str, topic: str, count: int) -> None:
+    """Commit ``count`` messages in a subprocess and SIGKILL it at once."""
+    app = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_APP, db, broker, topic, str(count)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert app.stdout is not None
+    line = app.stdout.readline().strip()
+    app.send_signal(signal.SIGKILL)
+    _, err = app.communicate(timeout=10)
+    if line != "committed":
+        raise RuntimeError(f"the app did not commit: {err[-2000:]}")
+
+
+def terminate_backends(db: str, application_name: str) -> int:
+    """pg_terminate_backend every connection that carries ``application_name``."""
+    engine = create_engine(db)
+    try:
+        with engine.connect() as conn:
+            killed = conn.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE application_name = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": application_name},
+            ).scalar_one()
+        return int(killed)
+    finally:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def paused(pid: int) -> Iterator[None]:
+    """SIGSTOP a process for the block, then SIGCONT (it resumes where it stood)."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)

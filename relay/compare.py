@@ -1,0 +1,491 @@
+"""The workload of `outbox compare`: the same transactions through model A and model B.
+
+Each model gets the same business (``relay.workload``: an order row per transaction),
+the same offered rate, the same rollback rate and payload size, and the same faults
+at the same moments of its run. A run leaves its own streams at the broker and its
+own rows in the database; ``spark_jobs.compare`` exports and reconciles them.
+
+Faults (``FAULTS``), each lasting ``fault_s`` where it has a length:
+- ``kill``: SIGKILL of an app right after it committed (model A: 50 messages still in
+  its memory; model B: between the local commit and the end request);
+- ``broker-down``: the nats-server stopped and started again (embedded server), or
+  every connection cut at the proxy (an external broker);
+- ``drop``: the proxy swallows all traffic (publishes and acks silently lost), then
+  cuts the connections;
+- ``db-kill``: pg_terminate_backend on the model's connections, repeatedly (model A:
+  the relay's marks fail between publish and mark);
+- ``pause``: an `outbox relay` worker SIGSTOPped, then SIGCONTed (model A);
+- ``drop-ends``: end-transaction requests never leave the producer (model B).
+A fault that does not exist in a model is skipped there and reported as "n/a".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy.orm import Session
+
+from outbox import Outbox
+from outbox.config import with_query
+from outbox.halfop import (
+    LocalTransactionState,
+    SendStatus,
+    SqlTransactionListener,
+    TransactionProducer,
+)
+from outbox.table import outbox_message, transaction_record
+from relay.brokers.nats import NatsBroker
+from relay.coordinator import Coordinator, CoordinatorSettings
+from relay.embedded import NatsServer
+from relay.faults import (
+    TcpProxy,
+    kill_app_after_commit,
+    kill_producer_after_commit,
+    paused,
+    terminate_backends,
+)
+from relay.workload import business, orders, place_order
+
+log = logging.getLogger("relay.compare")
+
+FAULTS = {
+    "kill": ("a", "b"),
+    "broker-down": ("a", "b"),
+    "drop": ("a", "b"),
+    "db-kill": ("a",),
+    "pause": ("a",),
+    "drop-ends": ("b",),
+}
+KILLED_APP_MESSAGES = 50
+SETTLE_TIMEOUT_S = 180.0
+# Short intervals, so that a quick run settles every fault within seconds.
+QUICK_OUTBOX: dict[str, Any] = {
+    "sweeper_age_s": 2.0,
+    "handoff_limit_s": 1.5,
+    "sweep_interval_s": 0.5,
+    "backoff_base_s": 0.2,
+    "backoff_cap_s": 2.0,
+    "publish_timeout_s": 2.0,
+}
+QUICK_COORDINATOR = CoordinatorSettings(check_interval_s=0.5, transaction_timeout_s=1.0)
+
+
+@dataclass(frozen=True)
+class Workload:
+    transactions: int = 2000
+    concurrency: int = 4
+    rollback_rate: float = 0.1
+    payload_size: int = 200
+    rate: float = 200.0  # transactions per second offered, all threads together
+    faults: tuple[str, ...] = ()
+    fault_s: float = 3.0
+    seed: int = 7
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in self.faults if f not in FAULTS]
+        if unknown:
+            raise ValueError(f"faults: unknown {unknown}; known: {sorted(FAULTS)}")
+        if self.transactions < 1 or self.concurrency < 1 or self.rate <= 0:
+            raise ValueError("transactions, concurrency and rate must be positive")
+        if not 0 <= self.rollback_rate < 1:
+            raise ValueError("rollback_rate must be in [0, 1)")
+
+    def payload(self, i: int) -> bytes:
+        return (f'{{"order":{i},"pad":"' + "x" * self.payload_size + '"}').encode()
+
+    def rolls_back(self, i: int) -> bool:
+        return random.Random(self.seed * 1_000_003 + i).random() < self.rollback_rate
+
+
+@dataclass
+class FaultRecord:
+    name: str
+    ended_at: float = 0.0  # time.time() when it was over
+    settle_s: float | None = None  # until everything committed by then was at the broker
+    skipped: bool = False
+
+
+@dataclass
+class RunResult:
+    model: str
+    stream: str  # where the real messages are
+    started: datetime
+    ended: datetime = field(default_factory=lambda: datetime.now(UTC))
+    committed_seen: int = 0  # transactions the workload saw commit
+    rolled_back: int = 0
+    failed: int = 0  # the transaction raised for another reason (a fault)
+    statements: int = 0  # DB statements issued by this process for the run
+    check_backs: int = 0
+    faults: list[FaultRecord] = field(default_factory=list)
+
+
+class Delivered:
+    """msg_id -> first time seen at the broker, read incrementally by sequence."""
+
+    def __init__(self, url: str, stream: str) -> None:
+        self.url, self.stream = url, stream
+        self.first_seen: dict[str, float] = {}
+        self._next_seq = 1
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="delivered", daemon=True)
+
+    def start(self) -> Delivered:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.1):
+            try:
+                asyncio.run(self._read_new())
+            except Exception:  # the broker may be down on purpose: try again
+                log.debug("delivered poll failed", exc_info=True)
+
+    async def _read_new(self) -> None:
+        import nats
+        import nats.js.errors
+
+        nc = await nats.connect(servers=[self.url], connect_timeout=1, allow_reconnect=False)
+        try:
+            js = nc.jetstream(timeout=2)
+            last = (await js.stream_info(self.stream)).state.last_seq
+            while self._next_seq <= last:
+                try:
+                    msg = await js.get_msg(self.stream, self._next_seq)
+                except nats.js.errors.NotFoundError:
+                    msg = None
+                if msg is not None and msg.headers:
+                    self.first_seen.setdefault(msg.headers.get("Nats-Msg-Id", ""), time.time())
+                self._next_seq += 1
+        finally:
+            await nc.close()
+
+    def settled_at(self, msg_ids: set[str]) -> float | None:
+        seen = self.first_seen
+        if not msg_ids <= seen.keys():
+            return None
+        return max((seen[m] for m in msg_ids), default=0.0)
+
+
+def count_statements(engine: Engine) -> Callable[[], int]:
+    counter = [0]
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def count(*_: Any) -> None:
+        counter[0] += 1
+
+    return lambda: counter[0]
+
+
+def port_of(url: str) -> int:
+    return urlsplit(url).port or 4222
+
+
+class Run:
+    """What both models share: the proxy, the delivered log, paced threads, faults."""
+
+    def __init__(
+        self, model: str, db: str, nats_url: str, server: NatsServer | None, w: Workload
+    ) -> None:
+        self.model, self.db, self.w, self.server = model, db, w, server
+        self.nats_url = nats_url
+        self.proxy = TcpProxy(port_of(nats_url)).start()
+        self.stream = f"CMP_{model.upper()}"
+        self.subject = f"cmp.{model}.orders"
+        self.app_name = f"outbox-compare-{model}"
+        self.result = RunResult(model, self.stream, datetime.now(UTC))
+        self.delivered = Delivered(nats_url, self.stream)
+        self._lock = threading.Lock()
+        self._pending_settles: list[tuple[FaultRecord, set[str]]] = []
+
+    @property
+    def via_proxy(self) -> str:
+        return f"nats://127.0.0.1:{self.proxy.port}"
+
+    def create_stream(self) -> None:
+        async def create() -> None:
+            broker = NatsBroker(f"{self.nats_url}?stream={self.stream}&subjects=cmp.{self.model}.>")
+            await broker.connect()
+            await broker.close()
+
+        asyncio.run(create())
+
+    def drive(self, transaction: Callable[[int], str], inject: Callable[[str], None]) -> None:
+        """Offer the transactions at the set rate while the faults happen one after another."""
+        faults = threading.Thread(target=self._faults, args=(inject,), name="faults")
+        faults.start()
+        interval = self.w.concurrency / self.w.rate
+        with ThreadPoolExecutor(self.w.concurrency) as pool:
+            for lane in range(self.w.concurrency):
+                pool.submit(self._lane, lane, interval, transaction)
+        faults.join()
+
+    def _lane(self, lane: int, interval: float, transaction: Callable[[int], str]) -> None:
+        next_at = time.monotonic()
+        for i in range(lane, self.w.transactions, self.w.concurrency):
+            next_at += interval
+            outcome = transaction(i)
+            with self._lock:
+                if outcome == "committed":
+                    self.result.committed_seen += 1
+                elif outcome == "rolled back":
+                    self.result.rolled_back += 1
+                else:
+                    self.result.failed += 1
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+    def _faults(self, inject: Callable[[str], None]) -> None:
+        """Faults spread over the run's expected length, one at a time."""
+        length = self.w.transactions / self.w.rate
+        gap = length / (len(self.w.faults) + 1)
+        for n, name in enumerate(self.w.faults, start=1):
+            time.sleep(max(0.0, gap * n - (time.time() - self.result.started.timestamp())))
+            record = FaultRecord(name)
+            self.result.faults.append(record)
+            if self.model not in FAULTS[name]:
+                record.skipped = True
+                continue
+            log.info("model %s: fault %s", self.model, name)
+            inject(name)
+            record.ended_at = time.time()
+            self._pending_settles.append((record, self.committed_ids_soon()))
+
+    def broker_down(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            time.sleep(self.w.fault_s)
+            self.server.start()
+        else:
+            self.proxy.stop()
+            time.sleep(self.w.fault_s)
+            self.proxy.start()
+
+    def inject_common(self, name: str) -> bool:
+        if name == "broker-down":
+            self.broker_down()
+        elif name == "drop":
+            self.proxy.drop_for(self.w.fault_s)
+        elif name == "db-kill":
+            deadline = time.monotonic() + self.w.fault_s
+            while time.monotonic() < deadline:
+                terminate_backends(self.db, self.app_name)
+                time.sleep(0.2)
+        else:
+            return False
+        return True
+
+    def committed_ids(self) -> set[str]:
+        """msg_ids of the committed transactions, by the model's own ledger."""
+        raise NotImplementedError
+
+    def committed_ids_soon(self) -> set[str]:
+        """committed_ids, retried while a fault's aftermath still breaks connections."""
+        for _ in range(20):
+            try:
+                return self.committed_ids()
+            except Exception:
+                time.sleep(0.1)
+        return self.committed_ids()
+
+    def wait_settled(self) -> None:
+        """Until every committed message is at the broker (or the timeout)."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while self.delivered.settled_at(self.committed_ids()) is None:
+            if time.monotonic() > deadline:
+                log.warning("model %s: not everything settled in time", self.model)
+                return
+            time.sleep(0.2)
+
+    def record_settles(self) -> None:
+        for record, ids in self._pending_settles:
+            at = self.delivered.settled_at(ids)
+            record.settle_s = None if at is None else max(0.0, at - record.ended_at)
+
+
+class ModelA(Run):
+    def __init__(self, db: str, nats_url: str, server: NatsServer | None, w: Workload) -> None:
+        super().__init__("a", db, nats_url, server, w)
+        self.engine = create_engine(
+            with_query(db, application_name=self.app_name),
+            pool_size=w.concurrency + 4,
+            pool_pre_ping=True,
+        )
+        self.statements = count_statements(self.engine)
+        self.broker = f"{self.via_proxy}?stream={self.stream}&subjects=cmp.a.>"
+        self.ob = Outbox(self.engine, broker=self.broker, **QUICK_OUTBOX)
+        self.worker: subprocess.Popen[bytes] | None = None
+
+    def committed_ids(self) -> set[str]:
+        with self.engine.connect() as conn:
+            return {str(m) for m in conn.execute(select(outbox_message.c.msg_id)).scalars()}
+
+    def transaction(self, i: int) -> str:
+        try:
+            with Session(self.engine) as session, session.begin():
+                session.execute(orders.insert().values(sku=f"A{i}"))
+                self.ob.send(session, self.subject, self.w.payload(i))
+                if self.w.rolls_back(i):
+                    raise Rejected
+        except Rejected:
+            return "rolled back"
+        except Exception:
+            log.debug("transaction %d failed", i, exc_info=True)
+            return "failed"
+        return "committed"
+
+    def inject(self, name: str) -> None:
+        if self.inject_common(name):
+            return
+        if name == "kill":
+            kill_app_after_commit(self.db, self.broker, self.subject, KILLED_APP_MESSAGES)
+        elif name == "pause" and self.worker is not None:
+            with paused(self.worker.pid):
+                time.sleep(self.w.fault_s)
+
+    def run(self) -> RunResult:
+        business.create_all(self.engine)
+        self.create_stream()
+        if "pause" in self.w.faults:
+            self.worker = start_worker(self.db, self.broker)
+        self.ob.start()
+        self.delivered.start()
+        try:
+            self.drive(self.transaction, self.inject)
+            self.wait_settled()
+        finally:
+            self.ob.stop()
+            stop_worker(self.worker)
+            self.delivered.stop()
+            self.proxy.stop()
+        self.record_settles()
+        self.result.statements = self.statements()
+        self.result.ended = datetime.now(UTC)
+        self.engine.dispose()
+        return self.result
+
+
+class ModelB(Run):
+    def __init__(self, db: str, nats_url: str, server: NatsServer | None, w: Workload) -> None:
+        super().__init__("b", db, nats_url, server, w)
+        self.halfs = 0  # halfs stored: each must end in an op or a discard
+        self.engine = create_engine(
+            with_query(db, application_name=self.app_name),
+            pool_size=w.concurrency + 4,
+            pool_pre_ping=True,
+        )
+        self.statements = count_statements(self.engine)
+        listener = SqlTransactionListener(
+            self.engine, place_order, group="compare", rollback_after_s=5.0
+        )
+        self.producer = TransactionProducer(
+            group="compare", broker=self.via_proxy, listener=listener
+        )
+        self.coordinator = Coordinator(self.via_proxy, QUICK_COORDINATOR)
+
+    def committed_ids(self) -> set[str]:
+        with self.engine.connect() as conn:
+            return {str(m) for m in conn.execute(select(transaction_record.c.msg_id)).scalars()}
+
+    def transaction(self, i: int) -> str:
+        arg = {"sku": f"B{i}", "fail": self.w.rolls_back(i)}
+        try:
+            result = self.producer.send_in_transaction(self.subject, self.w.payload(i), arg)
+        except Exception:
+            log.debug("transaction %d failed", i, exc_info=True)
+            return "failed"
+        if result.send_status is not SendStatus.SEND_OK:
+            return "failed"
+        with self._lock:
+            self.halfs += 1
+        if result.local_state is LocalTransactionState.ROLLBACK_MESSAGE:
+            return "rolled back"
+        return "committed"
+
+    def inject(self, name: str) -> None:
+        if self.inject_common(name):
+            return
+        if name == "kill":
+            kill_producer_after_commit(self.db, self.via_proxy, self.subject, group="compare")
+            with self._lock:
+                self.halfs += 1
+        elif name == "drop-ends":
+            self.producer._link.drop_end_requests = True
+            time.sleep(self.w.fault_s)
+            self.producer._link.drop_end_requests = False
+
+    def run(self) -> RunResult:
+        business.create_all(self.engine)
+        self.create_stream()
+        self.coordinator.start()
+        self.producer.start()
+        self.delivered.start()
+        try:
+            self.drive(self.transaction, self.inject)
+            self.wait_settled()
+            self.wait_resolved()
+        finally:
+            self.producer.stop()
+            self.coordinator.stop()
+            self.delivered.stop()
+            self.proxy.stop()
+        self.record_settles()
+        self.result.statements = self.statements()
+        self.result.check_backs = self.coordinator.stats.check_requests
+        self.result.ended = datetime.now(UTC)
+        self.engine.dispose()
+        return self.result
+
+    def wait_resolved(self) -> None:
+        """Until every half has its op or was discarded, so that none counts as unresolved."""
+        stats = self.coordinator.stats
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while stats.ops_written + stats.discarded < self.halfs and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+class Rejected(Exception):
+    """The workload's rollback: an exception inside the transaction, as a handler raises."""
+
+
+def start_worker(db: str, broker: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OUTBOX_DB": db, "OUTBOX_BROKER": broker}
+    cmd = [sys.executable, "-c", "from outbox.cli import main; raise SystemExit(main())"]
+    cmd += ["relay", "--interval", "0.5"]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_worker(worker: subprocess.Popen[bytes] | None) -> None:
+    if worker is None:
+        return
+    worker.send_signal(signal.SIGTERM)
+    try:
+        worker.wait(30)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()
+
+
+def run_models(
+    db: str, nats_url: str, server: NatsServer | None, w: Workload
+) -> Iterator[RunResult]:
+    """Model A's run, then model B's, on the same database and broker."""
+    yield ModelA(db, nats_url, server, w).run()
+    yield ModelB(db, nats_url, server, w).run()

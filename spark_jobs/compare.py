@@ -1,0 +1,266 @@
+"""`outbox compare`: one workload through model A (outbox) and model B (half/op), reconciled.
+
+Runs ``relay.compare``'s workload on both models against the same PostgreSQL (a
+scratch schema, dropped afterwards) and the same broker (the wheel's nats-server
+unless ``--broker`` names one), exports each model's inputs, reconciles both with the
+Spark job and writes ``compare.json`` and ``compare.html`` side by side. Exit status 2
+when either model lost a message or produced a phantom.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import html
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from outbox import migrate
+from outbox.config import scratch_schema
+from relay.compare import FAULTS, RunResult, Workload, run_models
+from relay.embedded import NatsServer
+from spark_jobs import export
+from spark_jobs.reconcile import EXIT_DISCREPANCY, Window
+from spark_jobs.report import bar_chart, fmt
+
+DEFAULT_DB = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+ROWS = (
+    ("committed", "committed (by the ledger / listener records)"),
+    ("delivered", "delivered"),
+    ("lost", "lost"),
+    ("duplicated", "duplicated at the broker"),
+    ("phantom", "phantom"),
+    ("latency_p50_ms", "commit -> broker p50 (ms)"),
+    ("latency_p99_ms", "commit -> broker p99 (ms)"),
+    ("broker_writes_per_message", "broker writes per committed message"),
+    ("db_statements_per_message", "DB statements per committed message (this process)"),
+    ("check_backs", "check-backs"),
+    ("halfs", "halfs (B)"),
+    ("ops", "op messages (B)"),
+    ("discarded", "discarded halfs (B)"),
+    ("rolled_back", "rolled back by the app"),
+    ("failed", "transactions failed by a fault"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="outbox compare", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument(
+        "--db",
+        default=os.environ.get("OUTBOX_DB", DEFAULT_DB),
+        help="PostgreSQL URL; the run uses a scratch schema in it (default: local postgres)",
+    )
+    parser.add_argument(
+        "--broker", help="nats:// URL of a JetStream server (default: start the wheel's own)"
+    )
+    parser.add_argument("--out", default="compare-out", help="folder for the results")
+    parser.add_argument("--transactions", type=int, default=2000, help="per model")
+    parser.add_argument("--concurrency", type=int, default=4, help="app threads")
+    parser.add_argument("--rate", type=float, default=200.0, help="transactions/s offered")
+    parser.add_argument("--rollback-rate", type=float, default=0.1, help="0 <= r < 1")
+    parser.add_argument("--payload-size", type=int, default=200, help="bytes of padding")
+    parser.add_argument(
+        "--faults",
+        default="",
+        help=f"comma-separated, or 'all': {', '.join(FAULTS)}",
+    )
+    parser.add_argument("--fault-seconds", type=float, default=3.0, help="length of a fault")
+    parser.add_argument("--master", default="local[2]", help="Spark master")
+    return parser
+
+
+def workload_of(args: argparse.Namespace) -> Workload:
+    names = tuple(FAULTS) if args.faults == "all" else tuple(filter(None, args.faults.split(",")))
+    return Workload(
+        transactions=args.transactions,
+        concurrency=args.concurrency,
+        rollback_rate=args.rollback_rate,
+        payload_size=args.payload_size,
+        rate=args.rate,
+        faults=names,
+        fault_s=args.fault_seconds,
+    )
+
+
+@contextlib.contextmanager
+def broker(url: str | None) -> Iterator[tuple[str, NatsServer | None]]:
+    if url is not None:
+        yield url, None
+        return
+    with NatsServer() as server:
+        yield server.url, server
+
+
+def export_inputs(db: str, url: str, result: RunResult, folder: Path) -> dict[str, str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"broker": str(folder / "broker.parquet")}
+    export.export_broker_nats(url, result.stream, files["broker"])
+    if result.model == "a":
+        files["ledger"] = str(folder / "ledger.parquet")
+        export.export_ledger(db, files["ledger"])
+    else:
+        files["ledger"] = str(folder / "records.parquet")
+        files["halfop"] = str(folder / "halfop.parquet")
+        export.export_records(db, files["ledger"])
+        since = result.started - timedelta(seconds=1)
+        export.export_halfop_nats(url, files["halfop"], since=since)
+    return files
+
+
+def figures(result: RunResult, summary: dict[str, Any], broker_writes: int) -> dict[str, Any]:
+    total = summary["total"]
+    committed = max(int(total.get("committed") or 0), 1)
+    return {
+        **{k: total.get(k) for k, _ in ROWS if k in total},
+        "broker_writes_per_message": broker_writes / committed,
+        "db_statements_per_message": result.statements / committed,
+        "check_backs": result.check_backs,
+        "rolled_back": result.rolled_back,
+        "failed": result.failed,
+        "latency_histogram": summary.get("latency_histogram", []),
+        "faults": {f.name: (None if f.skipped else f.settle_s) for f in result.faults},
+        "skipped_faults": [f.name for f in result.faults if f.skipped],
+    }
+
+
+def stored_rows(*paths: str) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
+
+
+def reconcile_both(
+    inputs: dict[str, dict[str, str]], results: list[RunResult], out: Path, master: str
+) -> dict[str, dict[str, Any]]:
+    from pyspark.sql import SparkSession
+
+    from spark_jobs.reconcile import run
+
+    start = min(r.started for r in results) - timedelta(seconds=1)
+    window = Window(start, datetime.now(UTC) + timedelta(seconds=120), sla_s=60)
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("outbox-compare")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    models: dict[str, dict[str, Any]] = {}
+    try:
+        for result in results:
+            files = inputs[result.model]
+            halfop = files.get("halfop")
+            summary = run(
+                spark, files["ledger"], files["broker"], out / result.model / "report", window,
+                halfop,
+            )  # fmt: skip
+            writes = stored_rows(files["broker"], *([halfop] if halfop else []))
+            models[result.model] = figures(result, summary, writes)
+    finally:
+        spark.stop()
+    return models
+
+
+def cells(*values: str) -> str:
+    return "<tr>" + "".join(f"<td>{v}</td>" for v in values) + "</tr>"
+
+
+def write_html(path: Path, models: dict[str, dict[str, Any]], workload: Workload) -> None:
+    a, b = models["a"], models["b"]
+    rows = "".join(
+        cells(html.escape(label), fmt(a.get(key)), fmt(b.get(key))) for key, label in ROWS
+    )
+    faults = (
+        "".join(
+            cells(html.escape(name), settle(a, name), settle(b, name)) for name in workload.faults
+        )
+        or '<tr><td colspan="3">no faults injected</td></tr>'
+    )
+    charts = "".join(
+        f'<div class="model" id="latency-{m}"><h3>Model {m.upper()}</h3>{latency_chart(models[m])}'
+        "</div>"
+        for m in ("a", "b")
+    )
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Outbox vs half/op</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin-bottom:1em}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child{{text-align:left}}
+.model{{display:inline-block;vertical-align:top;margin-right:2em}}</style></head><body>
+<h1>Model A (outbox) and model B (half/op), same workload</h1>
+<p>{workload.transactions} transactions per model, {workload.concurrency} threads,
+{workload.rate:g} tx/s offered, rollback rate {workload.rollback_rate:g},
+payload {workload.payload_size} B of padding.</p>
+<table id="side-by-side"><thead><tr><th>figure</th><th>model A: outbox</th>
+<th>model B: half/op</th></tr></thead><tbody>{rows}</tbody></table>
+<h2>Seconds to settle after each fault</h2>
+<p>From the fault's end until every message committed by then was at the broker.</p>
+<table id="faults"><thead><tr><th>fault ({workload.fault_s:g} s)</th><th>model A</th>
+<th>model B</th></tr></thead><tbody>{faults}</tbody></table>
+<h2>Commit to broker latency (ms)</h2>
+{charts}
+</body></html>
+"""
+    path.write_text(page)
+
+
+def latency_chart(model: dict[str, Any]) -> str:
+    bars = [(label, float(count)) for label, count in model["latency_histogram"]]
+    return bar_chart("commit to broker latency", bars, width=560)
+
+
+def settle(model: dict[str, Any], name: str) -> str:
+    if name in model["skipped_faults"]:
+        return "n/a"
+    value = model["faults"].get(name)
+    return "not settled" if value is None else f"{value:.2f}"
+
+
+def print_table(models: dict[str, dict[str, Any]], workload: Workload) -> None:
+    a, b = models["a"], models["b"]
+    lines = ["| figure | model A: outbox | model B: half/op |", "|---|---|---|"]
+    lines += [f"| {label} | {fmt(a.get(k))} | {fmt(b.get(k))} |" for k, label in ROWS]
+    lines += [
+        f"| settle after {n} (s) | {settle(a, n)} | {settle(b, n)} |" for n in workload.faults
+    ]
+    print("\n".join(lines))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        workload = workload_of(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    for quiet in ("alembic", "outbox.halfop", "py4j", "nats"):
+        logging.getLogger(quiet).setLevel(logging.WARNING)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with scratch_schema(args.db, "compare") as db, broker(args.broker) as (url, server):
+        migrate.upgrade(db)
+        results = list(run_models(db, url, server, workload))
+        inputs = {r.model: export_inputs(db, url, r, out / r.model) for r in results}
+    models = reconcile_both(inputs, results, out, args.master)
+    (out / "compare.json").write_text(
+        json.dumps({"workload": vars(args), "models": models}, indent=2, default=str)
+    )
+    write_html(out / "compare.html", models, workload)
+    print_table(models, workload)
+    print(f"report: {out / 'compare.html'}")
+    bad = any(m.get("lost") or m.get("phantom") for m in models.values())
+    return EXIT_DISCREPANCY if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
