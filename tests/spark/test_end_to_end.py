@@ -15,12 +15,12 @@ from pyspark.sql import SparkSession
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from examples.warehouse_orders import business, place_order
 from outbox import Outbox, cli, migrate
 from outbox.halfop import SqlTransactionListener, TransactionProducer
 from relay.brokers.nats import NatsBroker
 from relay.coordinator import Coordinator, CoordinatorSettings
 from relay.embedded import NatsServer
+from relay.workload import business, place_order
 from spark_jobs.reconcile import Window, run
 from tests.helpers import wait_until
 
@@ -216,3 +216,21 @@ def test_model_b_run_reconciled_from_records_halfs_ops_and_the_real_stream(
     )
     assert (total["halfs"], total["ops"], total["unresolved"], total["discarded"]) == (40, 40, 0, 0)
     assert total["checks"] >= 40 and total["half_writes"] >= 80  # each checked and put back
+
+
+def test_outbox_compare_reports_both_models_side_by_side(tmp_path: Path) -> None:
+    """A short `outbox compare` with a fault of each model: both reconciled, nothing lost."""
+    cmd = [OUTBOX, "compare", "--transactions", "200", "--rate", "200", "--fault-seconds", "1"]
+    cmd += ["--faults", "kill,drop-ends", "--out", str(tmp_path), "--master", "local[2]"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    models = json.loads((tmp_path / "compare.json").read_text())["models"]
+    for model in ("a", "b"):
+        assert models[model]["lost"] == 0 and models[model]["phantom"] == 0
+        assert models[model]["committed"] == models[model]["delivered"] > 150
+    assert models["a"]["faults"]["kill"] is not None and models["b"]["faults"]["kill"] is not None
+    assert models["a"]["skipped_faults"] == ["drop-ends"] and models["b"]["halfs"] >= 200
+    assert models["b"]["broker_writes_per_message"] > models["a"]["broker_writes_per_message"]
+    page = (tmp_path / "compare.html").read_text()
+    assert page.count("<svg") == 2 and "model B: half/op" in page and "n/a" in page
+    assert "| lost | 0 | 0 |" in done.stdout
