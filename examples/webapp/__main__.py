@@ -1,0 +1,3 @@
+from examples.webapp.app import main
+
+main()

@@ -1,0 +1,134 @@
+"""Warehouse inbound: a Flask service that records a delivery and announces it, atomically.
+
+``POST /inbound`` with ``{"sku": "A-100", "quantity": 12, "dock": "D1"}``:
+- bad input is refused with 422 before any transaction starts;
+- otherwise ``record_delivery`` runs under ``@ob.transactional``: the inbound row and
+  the ``warehouse.inbound`` message are written in one transaction, so both commit or
+  neither does. A closed dock raises inside the transaction (after the row and the
+  message were written) and the whole request rolls back: 409, no row, no message.
+
+Flask runs each request in a worker thread; ``@ob.transactional`` opens one session
+per call (nested decorated calls join it), so handlers share nothing but the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from flask import Flask, jsonify, request
+from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, func
+from sqlalchemy.orm import Session
+
+from outbox import Outbox, migrate
+
+TOPIC = "warehouse.inbound"
+CLOSED_DOCKS = {"D9"}  # a business rule that fails inside the transaction
+
+metadata = MetaData()
+inbound = Table(
+    "warehouse_inbound",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("sku", String(40), nullable=False),
+    Column("quantity", Integer, nullable=False),
+    Column("dock", String(10), nullable=False),
+    Column("received_at", DateTime(timezone=True), server_default=func.now(), nullable=False),
+)
+
+
+class InvalidDelivery(ValueError):
+    """The request body breaks a rule: answered with 422, nothing written."""
+
+
+class DockClosed(Exception):
+    """Found inside the transaction: everything it wrote rolls back."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    sku: str
+    quantity: int
+    dock: str
+
+
+def parse(body: Any) -> Delivery:
+    if not isinstance(body, dict):
+        raise InvalidDelivery("body: must be a JSON object")
+    sku, quantity, dock = body.get("sku"), body.get("quantity"), body.get("dock", "D1")
+    if not isinstance(sku, str) or not 0 < len(sku) <= 40:
+        raise InvalidDelivery("sku: must be a string of 1 to 40 characters")
+    if isinstance(quantity, bool) or not isinstance(quantity, int) or quantity <= 0:
+        raise InvalidDelivery("quantity: must be a positive integer")
+    if not isinstance(dock, str) or not 0 < len(dock) <= 10:
+        raise InvalidDelivery("dock: must be a string of 1 to 10 characters")
+    return Delivery(sku, quantity, dock)
+
+
+def create_app(db: str, broker: str) -> Flask:
+    """The app, with its outbox relay started (and stopped at exit)."""
+    migrate.upgrade(db)  # the outbox tables; an app with Alembic adds them to its own history
+    ob = Outbox(db, broker=broker)
+    metadata.create_all(ob.engine)
+    ob.start()
+    atexit.register(ob.stop)
+
+    @ob.transactional
+    def record_delivery(session: Session, delivery: Delivery) -> tuple[int, str]:
+        row = inbound.insert().values(sku=delivery.sku, quantity=delivery.quantity,
+                                      dock=delivery.dock)  # fmt: skip
+        row_id = session.execute(row.returning(inbound.c.id)).scalar_one()
+        msg_id = ob.send(
+            session, TOPIC, {"id": row_id, "sku": delivery.sku, "quantity": delivery.quantity},
+            key=delivery.sku,
+        )  # fmt: skip
+        if delivery.dock in CLOSED_DOCKS:
+            raise DockClosed(delivery.dock)
+        return row_id, msg_id
+
+    app = Flask(__name__)
+    app.extensions["outbox"] = ob
+
+    @app.post("/inbound")
+    def receive() -> Any:
+        try:
+            delivery = parse(request.get_json(silent=True))
+        except InvalidDelivery as exc:
+            return jsonify(error=str(exc)), 422
+        try:
+            row_id, msg_id = record_delivery(delivery)
+        except DockClosed as exc:
+            return jsonify(error=f"dock {exc} is closed"), 409
+        return jsonify(id=row_id, msg_id=msg_id), 201
+
+    @app.get("/health")
+    def health() -> Any:
+        stats = ob.stats
+        return jsonify(relay="up" if stats is not None else "down")
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="the warehouse inbound example service")
+    parser.add_argument(
+        "--db", default=os.environ.get("OUTBOX_DB"), required="OUTBOX_DB" not in os.environ
+    )
+    parser.add_argument(
+        "--broker",
+        default=os.environ.get("OUTBOX_BROKER"),
+        required="OUTBOX_BROKER" not in os.environ,
+    )
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args()
+    app = create_app(args.db, args.broker)
+    app.run(
+        host="127.0.0.1", port=args.port, threaded=True
+    )  # Flask's server; use gunicorn in production
+
+
+if __name__ == "__main__":
+    main()

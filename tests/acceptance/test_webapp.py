@@ -1,0 +1,137 @@
+"""The web example: Flask's test client and a real server, real PostgreSQL and nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from sqlalchemy import create_engine, func, select
+
+from examples.webapp.app import create_app, inbound
+from relay.brokers.nats import read_stream
+from relay.embedded import NatsServer, free_port
+from tests.helpers import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def app(pg_url: str, nats_server: NatsServer, stream: tuple[str, str]) -> Iterator[Flask]:
+    name, _ = stream
+    app = create_app(pg_url, f"{nats_server.url}?stream={name}&subjects=warehouse.>")
+    yield app
+    app.extensions["outbox"].stop()
+
+
+def rows(pg_url: str) -> int:
+    engine = create_engine(pg_url)
+    with engine.connect() as conn:
+        found = conn.execute(select(func.count()).select_from(inbound)).scalar_one()
+    engine.dispose()
+    return int(found)
+
+
+def stored(server: NatsServer, name: str) -> list[Any]:
+    return asyncio.run(read_stream(server.url, name))
+
+
+def test_a_delivery_is_recorded_and_announced_once(
+    app: Flask, pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+) -> None:
+    reply = app.test_client().post("/inbound", json={"sku": "A-100", "quantity": 12, "dock": "D1"})
+    assert reply.status_code == 201, reply.get_json()
+    body = reply.get_json()
+    wait_until(lambda: len(stored(nats_server, stream[0])) == 1, what="the message published")
+    [message] = stored(nats_server, stream[0])
+    assert message.msg_id == body["msg_id"] and message.subject == "warehouse.inbound"
+    assert json.loads(message.data) == {"id": body["id"], "sku": "A-100", "quantity": 12}
+    assert message.headers["Outbox-Key"] == "A-100" and rows(pg_url) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "error"),
+    [
+        ({"sku": "", "quantity": 1}, 422, "sku"),
+        ({"sku": "A-1", "quantity": 0}, 422, "quantity"),
+        ({"sku": "A-1", "quantity": True}, 422, "quantity"),
+        ([1, 2], 422, "body"),
+        ({"sku": "A-1", "quantity": 5, "dock": "D9"}, 409, "closed"),
+    ],
+)
+def test_refused_and_rolled_back_requests_leave_no_row_and_no_message(
+    app: Flask,
+    pg_url: str,
+    nats_server: NatsServer,
+    stream: tuple[str, str],
+    body: Any,
+    status: int,
+    error: str,
+) -> None:
+    client = app.test_client()
+    reply = client.post("/inbound", json=body)
+    assert reply.status_code == status and error in reply.get_json()["error"]
+    # A good request after it: only its own row and message exist.
+    assert client.post("/inbound", json={"sku": "OK", "quantity": 1}).status_code == 201
+    wait_until(lambda: len(stored(nats_server, stream[0])) >= 1, what="the good message")
+    assert [json.loads(m.data)["sku"] for m in stored(nats_server, stream[0])] == ["OK"]
+    assert rows(pg_url) == 1
+
+
+def post(port: int, body: dict[str, Any]) -> int:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/inbound",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def test_the_service_for_real_over_http(
+    pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+) -> None:
+    """`python -m examples.webapp` on a free port, 40 concurrent requests, 10 of them refused."""
+    name, _ = stream
+    port = free_port()
+    env = {**os.environ, "OUTBOX_DB": pg_url,
+           "OUTBOX_BROKER": f"{nats_server.url}?stream={name}&subjects=warehouse.>"}  # fmt: skip
+    server = subprocess.Popen(
+        [sys.executable, "-m", "examples.webapp", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: health(port), timeout=30, what="the service to answer")
+        bodies = [{"sku": f"S{i}", "quantity": 1, "dock": "D9" if i % 4 == 0 else "D1"}
+                  for i in range(40)]  # fmt: skip
+        with ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(lambda b: post(port, b), bodies))
+        assert statuses.count(201) == 30 and statuses.count(409) == 10
+        wait_until(lambda: len(stored(nats_server, name)) == 30, what="30 messages published")
+        skus = {json.loads(m.data)["sku"] for m in stored(nats_server, name)}
+        assert skus == {f"S{i}" for i in range(40) if i % 4}
+    finally:
+        server.terminate()
+        output, _ = server.communicate(timeout=30)
+    assert "Traceback" not in output, output
+
+
+def health(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as reply:
+            return bool(reply.status == 200)
+    except OSError:
+        return False
