@@ -8,13 +8,14 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, insert
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
+from outbox import tracing
 from outbox.config import Settings, check_broker_url, engine_from, mask_url
 from outbox.errors import ConfigError, WrongDatabase
 from outbox.message import Message, build_message
@@ -99,7 +100,7 @@ class Outbox:
             payload,
             key=key,
             tags=tags,
-            headers=headers,
+            headers=with_trace_context(headers),
             max_payload_bytes=self.settings.max_payload_bytes,
         )
         session.execute(INSERT_MESSAGE, row_values(message))
@@ -129,6 +130,10 @@ class Outbox:
                     self._current.reset(token)
 
         return run_in_transaction
+
+    def relay_parts(self) -> tuple[Dispatcher | None, RelayJobs | None]:
+        """The running fast path and sweeper jobs (None when stopped), for metrics."""
+        return self._dispatcher, self._jobs
 
     @property
     def stats(self) -> Stats | None:
@@ -217,3 +222,13 @@ def row_values(message: Message) -> dict[str, Any]:
         "headers": message.headers or None,
         "payload": message.payload,
     }
+
+
+def with_trace_context(headers: object) -> object:
+    """The caller's headers plus the active trace's context; the caller's win on a clash."""
+    context = tracing.context_headers()
+    if not context:
+        return headers
+    if headers is None:
+        return context
+    return {**context, **headers} if isinstance(headers, Mapping) else headers

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from outbox.config import Settings
 from outbox.message import Message
+from outbox.tracing import publish_span
 from relay.acks import AckBatcher, Finish, Verify
 from relay.brokers import Broker
 from relay.brokers.base import Outcome, PublishResult, retry
@@ -177,7 +178,9 @@ class Dispatcher:
         batch: list[Delivery] = []
         try:
             batch = await self._committed_only(taken)
-            results = await self.broker.publish([d.message for d in batch]) if batch else []
+            messages = [d.message for d in batch]
+            with publish_span(messages):
+                results = await self.broker.publish(messages) if batch else []
         except Exception as exc:  # an adapter bug must not lose the batch from the schedule
             log.exception("broker.publish raised")
             results = [PublishResult(Outcome.RETRY, error=repr(exc)) for _ in batch]
@@ -223,12 +226,17 @@ class Dispatcher:
                 self._settle(delivery, retry("row not visible: transaction not committed"), now)
         return kept
 
+    def depths(self) -> tuple[int, int]:
+        """(messages in msgQueue, messages in the time wheel), for metrics; any thread."""
+        return len(self._queue), len(self._wheel)
+
     def _settle(self, delivery: Delivery, result: PublishResult, now: float) -> None:
         if result.ok:
             self.stats.published += 1
             self.stats.first_attempt += delivery.attempt == 0
             self.stats.duplicates += result.duplicate
             self.stats.latencies.append(now - delivery.committed)
+            self.stats.commit_to_ack.observe(now - delivery.committed)
             self._acks.add(delivery.message.msg_id, result.receipt or "")
         elif result.outcome is Outcome.PERMANENT:
             self.stats.rejected += 1

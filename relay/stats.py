@@ -2,8 +2,35 @@
 
 from __future__ import annotations
 
+import bisect
 import collections
 from dataclasses import dataclass, field
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_SIZE_BUCKETS = (1, 10, 50, 100, 250, 500, 1000, 5000)
+SWEEP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Histogram:
+    """Bucket counters and a sum, Prometheus style; one writer, read from any thread."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """(upper bound, count of values <= it), the +Inf bucket last."""
+        counts = list(self.counts)  # one copy, so the buckets agree with each other
+        running, out = 0, []
+        for bound, count in zip([*map(str, self.bounds), "+Inf"], counts, strict=True):
+            running += count
+            out.append((bound, float(running)))
+        return out
 
 
 @dataclass
@@ -27,3 +54,4 @@ class Stats:
     latencies: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=100_000)
     )
+    commit_to_ack: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))

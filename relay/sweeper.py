@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,9 +28,11 @@ from sqlalchemy import Connection, Engine, Row
 from outbox.config import Settings
 from outbox.message import Message
 from outbox.table import DEAD, PENDING
+from outbox.tracing import publish_span
 from relay import store
 from relay.brokers.base import NOT_CONNECTED, Outcome, PublishResult
 from relay.loop import BrokerLoop
+from relay.stats import BATCH_SIZE_BUCKETS, SWEEP_BUCKETS_S, Histogram
 
 log = logging.getLogger("relay.sweeper")
 
@@ -57,6 +60,8 @@ class Sweeper:
         self.relay = relay
         self.settings = settings or Settings()
         self.totals = SweepResult()
+        self.batch_sizes = Histogram(BATCH_SIZE_BUCKETS)  # rows claimed per batch
+        self.batch_seconds = Histogram(SWEEP_BUCKETS_S)  # claim to commit of a batch
         self._totals_lock = threading.Lock()
         self._stopping = threading.Event()
 
@@ -70,6 +75,7 @@ class Sweeper:
         back: an outage is not the rows' fault and costs them no attempt.
         """
         age = self.settings.sweeper_age_s if min_age_s is None else min_age_s
+        started = time.monotonic()
         rows: Sequence[Row[Any]] = []
         try:
             with self.engine.begin() as conn:
@@ -96,6 +102,8 @@ class Sweeper:
         )  # fmt: skip
         with self._totals_lock:
             self.totals += result
+            self.batch_sizes.observe(result.claimed)
+            self.batch_seconds.observe(time.monotonic() - started)
         return result
 
     def sweep(
@@ -154,9 +162,10 @@ class Sweeper:
         if self._stopping.is_set() or not self.relay.running:
             return None
         try:
-            results = self.relay.submit(self.relay.broker.publish(messages)).result(
-                self.settings.publish_timeout_s
-            )
+            with publish_span(messages):
+                results = self.relay.submit(self.relay.broker.publish(messages)).result(
+                    self.settings.publish_timeout_s
+                )
         except Exception as exc:  # timeout, loop closed, adapter bug
             log.warning("sweep publish of %d message(s) failed: %r", len(messages), exc)
             return None
