@@ -69,6 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument(
         "--stop-timeout", type=float, default=10.0, help="graceful stop deadline, s (default 10)"
     )
+    rel.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus /metrics on this port (needs the [metrics] extra)",
+    )
+    rel.add_argument(
+        "--metrics-addr", default="0.0.0.0", help="address for /metrics (default 0.0.0.0)"
+    )
 
     st = commands.add_parser(
         "status",
@@ -236,10 +244,13 @@ def cmd_relay(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    metrics = serve_metrics(jobs, args.metrics_port, args.metrics_addr)  # fails before starting
     relay.start()
     jobs.start()
     log.info("relay worker started: db=%s broker=%s", mask_url(args.db), mask_url(args.broker))
     stop.wait()
+    if metrics is not None:
+        metrics.shutdown()
     log.info("stopping (deadline %.0f s)", args.stop_timeout)
     jobs.stop(args.stop_timeout)
     relay.stop(2.0)
@@ -247,6 +258,19 @@ def cmd_relay(args: argparse.Namespace) -> int:
     totals = jobs.sweeper.totals
     log.info("relay worker stopped: sent=%d dead=%d", totals.sent, totals.dead)
     return EXIT_OK
+
+
+def serve_metrics(jobs: Any, port: int | None, addr: str) -> Any:
+    if port is None:
+        return None
+    try:
+        from outbox.metrics import serve
+    except ImportError:
+        raise OutboxError("--metrics-port needs prometheus_client: pip install "
+                          "'outbox-relay[metrics]'") from None  # fmt: skip
+    server = serve(lambda: (None, jobs), port, addr)
+    log.info("metrics on http://%s:%d/metrics", addr, port)
+    return server
 
 
 def cmd_status(args: argparse.Namespace) -> int:
