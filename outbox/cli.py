@@ -493,6 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # two lines a second, idle
     try:
         if getattr(args, "broker", None):
             check_broker_url(args.broker)  # a bad broker URL fails before any DB work

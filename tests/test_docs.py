@@ -40,7 +40,7 @@ def command_lines() -> list[tuple[str, str]]:
 def test_every_outbox_command_shown_parses(doc: str, line: str) -> None:
     words = shlex.split(line.replace("[", "").replace("]", "").replace("...", "x"))
     words = words[words.index("outbox") + 1 :]
-    words = [w for w in words if w != "|"]
+    words = [w for w in words if w not in ("|", "&")]
     parser = compare_parser() if words[0] == "compare" else build_parser()
     try:
         parser.parse_args(words[1:] if words[0] == "compare" else words)
