@@ -14,8 +14,10 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -196,12 +198,20 @@ def build_parser() -> argparse.ArgumentParser:
 def iso_time(text: str) -> datetime:
     from datetime import UTC
 
-    value = datetime.fromisoformat(text)
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO 8601 time: {text!r} (e.g. 2024-05-01T12:00:00Z)"
+        ) from None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
@@ -340,7 +350,9 @@ def cmd_drain(args: argparse.Namespace) -> int:
         total = store.pending_count(conn)
     relay = BrokerLoop(broker_for(check_broker_url(args.broker) or ""), name="outbox-drain")
     relay.start()
-    if not relay.wait_connected(CONNECT_WAIT_S):
+    with repeats_dropped():  # the adapter retries, and warns, every 0.2 s
+        connected = relay.wait_connected(CONNECT_WAIT_S)
+    if not connected:
         relay.stop(2.0)
         engine.dispose()
         raise OutboxError(f"broker {mask_url(args.broker)} unreachable; nothing was touched")
@@ -368,6 +380,27 @@ def cmd_drain(args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_FAILED
 
 
+@contextmanager
+def repeats_dropped() -> Iterator[None]:
+    """Within the block, each distinct log line is shown once."""
+    seen: set[str] = set()
+
+    def first_time(record: logging.LogRecord) -> bool:
+        line = f"{record.name}: {record.getMessage()}"
+        new = line not in seen
+        seen.add(line)
+        return new
+
+    handlers = logging.getLogger().handlers
+    for handler in handlers:
+        handler.addFilter(first_time)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(first_time)
+
+
 class Progress:
     """A one-line progress bar on stderr, for terminals only."""
 
@@ -390,6 +423,9 @@ class Progress:
 def cmd_export(args: argparse.Namespace) -> int:
     from spark_jobs import export
 
+    folder = Path(args.out).parent
+    if not folder.is_dir():  # before any connection: nothing to undo then
+        raise OutboxError(f"--out {args.out}: no folder {folder}")
     if args.what == "ledger":
         if args.db is None:
             raise OutboxError("--db is required (or set OUTBOX_DB)")
@@ -443,7 +479,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         if getattr(args, flag) is not None
         for item in (f"--{flag.replace('_', '-')}", getattr(args, flag))
     ]
-    return reconcile.main(argv)
+    return reconcile.main(argv, prog="outbox reconcile")
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
@@ -494,11 +530,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # two lines a second, idle
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # a line after the result or error
     try:
         if getattr(args, "broker", None):
             check_broker_url(args.broker)  # a bad broker URL fails before any DB work
         return COMMANDS[args.command](args)
-    except (OutboxError, SQLAlchemyError) as exc:
+    except (OutboxError, SQLAlchemyError, OSError) as exc:  # OSError: files, sockets
         print(f"outbox {args.command}: {describe_error(exc)}", file=sys.stderr)
         return EXIT_FAILED
 
@@ -510,7 +547,7 @@ def describe_error(exc: Exception) -> str:
         text = str(orig if orig is not None else exc).strip().splitlines()[0]
         hint = " (run `outbox migrate` first)" if "outbox_message" in text else ""
         return f"{type(exc).__name__}: {text}{hint}"
-    return str(exc)
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 if __name__ == "__main__":

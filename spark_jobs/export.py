@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy import Engine, Select, select
 
-from outbox.config import engine_from
+from outbox.config import engine_from, mask_url
 from outbox.errors import OutboxError
 from outbox.table import outbox_message as t
 from outbox.table import transaction_record
@@ -66,7 +67,7 @@ def windowed(
 def export_rows(db: str | Engine, query: Select[Any], out: str | Path, schema: pa.Schema) -> int:
     """Stream a query's rows (columns in the schema's order) to Parquet via a server-side cursor."""
     written = 0
-    with pq.ParquetWriter(str(out), schema) as writer, engine_from(db).connect() as conn:
+    with parquet_file(out, schema) as writer, engine_from(db).connect() as conn:
         result = conn.execution_options(yield_per=CHUNK).execute(query)
         for rows in result.partitions():
             columns = zip(*rows, strict=True)
@@ -77,6 +78,27 @@ def export_rows(db: str | Engine, query: Select[Any], out: str | Path, schema: p
             writer.write_table(pa.table(batch, schema=schema))
             written += len(rows)
     return written
+
+
+@contextmanager
+def parquet_file(out: str | Path, schema: pa.Schema) -> Iterator[pq.ParquetWriter]:
+    """A writer whose file appears at ``out`` only once the export succeeded.
+
+    It writes ``.NAME.part`` beside ``out`` and renames it at the end, so a failed
+    export leaves no half-written file, and an older ``out`` stays as it was.
+    """
+    out = Path(out)
+    part = out.with_name(f".{out.name}.part")
+    try:
+        with pq.ParquetWriter(str(part), schema) as writer:
+            yield writer
+        part.replace(out)
+    finally:
+        part.unlink(missing_ok=True)
+
+
+def unreachable(url: str, reason: object) -> OutboxError:
+    return OutboxError(f"broker {mask_url(url)} unreachable ({reason}); nothing was written")
 
 
 def cell(value: object) -> object:
@@ -97,7 +119,7 @@ def export_broker_nats(
 ) -> int:
     """Write what a JetStream stream holds (from ``since``) to ``out``, via an ordered consumer."""
     streams: list[tuple[str, RowOf]] = [(stream, broker_row)]
-    return asyncio.run(_export_nats(url, streams, BROKER, str(out), since, until))
+    return asyncio.run(_export_nats(url, streams, BROKER, str(out), since, until, optional=False))
 
 
 def export_halfop_nats(
@@ -111,7 +133,10 @@ def export_halfop_nats(
         (OP_TOPIC, halfop_row("op")),
         (CHECK_MAX_TOPIC, halfop_row("discarded")),
     ]
-    return asyncio.run(_export_nats(url, streams, HALFOP_LOG, str(out), since, until))
+    # model B's streams exist only once a producer or coordinator ran
+    return asyncio.run(
+        _export_nats(url, streams, HALFOP_LOG, str(out), since, until, optional=True)
+    )
 
 
 def broker_row(msg: Any, ts: datetime | None) -> dict[str, object]:
@@ -148,16 +173,15 @@ async def _export_nats(
     out: str,
     since: datetime | None,
     until: datetime | None,
+    optional: bool,
 ) -> int:
-    import nats
-
-    nc = await nats.connect(servers=[url], name="outbox-export")
+    nc = await connect_nats(url)
     try:
         js = nc.jetstream(timeout=10)
-        with pq.ParquetWriter(out, schema) as writer:
+        with parquet_file(out, schema) as writer:
             written = 0
             for stream, row_of in streams:
-                async for rows in _read_stream(js, stream, row_of, since, until):
+                async for rows in _read_stream(js, stream, row_of, since, until, optional):
                     writer.write_table(pa.Table.from_pylist(rows, schema=schema))
                     written += len(rows)
             return written
@@ -165,8 +189,32 @@ async def _export_nats(
         await nc.close()
 
 
+async def connect_nats(url: str) -> Any:
+    """Two quick tries, then a one-line error: an export has nothing to wait for."""
+    import nats
+    import nats.errors
+
+    errors: list[Exception] = []
+
+    async def remember(exc: Exception) -> None:  # instead of nats.py's logged traceback
+        errors.append(exc)
+
+    try:
+        return await nats.connect(
+            servers=[url], name="outbox-export", connect_timeout=2,
+            max_reconnect_attempts=1, reconnect_time_wait=0.2, error_cb=remember,
+        )  # fmt: skip
+    except nats.errors.NoServersError:
+        raise unreachable(url, errors[-1] if errors else "no server answered") from None
+
+
 async def _read_stream(
-    js: Any, stream: str, row_of: RowOf, since: datetime | None, until: datetime | None
+    js: Any,
+    stream: str,
+    row_of: RowOf,
+    since: datetime | None,
+    until: datetime | None,
+    optional: bool,
 ) -> AsyncIterator[list[dict[str, object]]]:
     """Rows of one stream in chunks of CHUNK, from ``since`` up to its last message now."""
     import nats.errors
@@ -176,7 +224,9 @@ async def _read_stream(
     try:
         last = (await js.stream_info(stream)).state.last_seq
     except nats.js.errors.NotFoundError:
-        return  # model B's streams exist only once a producer or coordinator ran
+        if optional:
+            return
+        raise OutboxError(f"no stream {stream!r} at the broker; nothing was written") from None
     if last == 0:
         return
     config = (
@@ -231,7 +281,8 @@ def export_broker_redis(
     end = f"({ms_at_or_after(until)}-0" if until else "+"
     written = 0
     try:
-        with pq.ParquetWriter(str(out), BROKER) as writer:
+        ping(client, url)
+        with parquet_file(out, BROKER) as writer:
             for topic in topics:
                 for page in xrange_pages(client, broker.prefix + topic, start, end):
                     rows = [redis_row(topic, entry_id, fields) for entry_id, fields in page]
@@ -240,6 +291,15 @@ def export_broker_redis(
     finally:
         client.close()
     return written
+
+
+def ping(client: Any, url: str) -> None:
+    import redis
+
+    try:
+        client.ping()
+    except redis.exceptions.RedisError as exc:
+        raise unreachable(url, exc) from None
 
 
 def xrange_pages(client: Any, key: str, start: str, end: str) -> Iterator[list[Any]]:
@@ -292,7 +352,10 @@ async def _export_rabbitmq(
 
     from relay.brokers.rabbitmq import RabbitBroker
 
-    connection = await aio_pika.connect(RabbitBroker(url).url, timeout=READ_TIMEOUT_S)
+    try:
+        connection = await aio_pika.connect(RabbitBroker(url).url, timeout=READ_TIMEOUT_S)
+    except (OSError, TimeoutError) as exc:  # aio_pika's connection errors are OSErrors
+        raise unreachable(url, exc) from None
     try:
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=PREFETCH)  # stream queues refuse consumers without
@@ -307,7 +370,7 @@ async def _export_rabbitmq(
         offset: datetime | str = since if since else "first"
         await queue.consume(inbox.put, arguments={"x-stream-offset": offset})
         marker = await publish_marker(channel, queue_name)
-        with pq.ParquetWriter(out, BROKER) as writer:
+        with parquet_file(out, BROKER) as writer:
             return await read_until_marker(inbox, marker, writer, since, until)
     finally:
         await connection.close()

@@ -9,7 +9,8 @@ usable msg_id), and commit->broker latency p50/p90/p99/max.
 
 Runs locally (``outbox reconcile``) and unchanged under ``spark-submit
 spark_jobs/reconcile.py ...``; tables are never collected whole into the driver,
-only the aggregates. Exit status 2 when lost or phantom > 0, for schedulers.
+only the aggregates. Exit status 2 when lost or phantom > 0, for schedulers; 1 when
+the job failed (a missing input or column is found before Spark starts).
 """
 
 from __future__ import annotations
@@ -24,11 +25,19 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-EXIT_DISCREPANCY = 2
+from spark_jobs.schema import BROKER, HALFOP_LOG, LEDGER, RECORDS
+
+EXIT_FAILED, EXIT_DISCREPANCY = 1, 2
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 60000)
+
+
+class JobError(Exception):
+    """The job cannot finish: an input is missing or unusable, or Spark failed."""
 
 
 @dataclass(frozen=True)
@@ -213,14 +222,61 @@ def write_discrepancies(classified: DataFrame, path: Path) -> None:
     ).write.mode("overwrite").parquet(str(path))
 
 
+def check_inputs(ledger: str, broker_log: str, halfop_log: str | None, out: str) -> None:
+    """Each local Parquet input exists and has the columns the job reads.
+
+    Remote paths (hdfs://, s3a://) and a JDBC ledger are left to Spark to judge.
+    """
+    if not is_remote(ledger):  # also skips a postgresql:// ledger
+        require_columns("--ledger", ledger, LEDGER if halfop_log is None else RECORDS)
+    if not is_remote(broker_log):
+        require_columns("--broker-log", broker_log, BROKER)
+    if halfop_log is not None and not is_remote(halfop_log):
+        require_columns("--halfop-log", halfop_log, HALFOP_LOG)
+    if not is_remote(out) and Path(out).is_file():
+        raise JobError(f"--out {out}: a file, not a folder")
+
+
+def is_remote(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def require_columns(flag: str, path: str, expected: pa.Schema) -> None:
+    have = set(parquet_schema(flag, path).names)
+    missing = [name for name in expected.names if name not in have]
+    if missing:
+        raise JobError(f"{flag} {path}: missing column(s) {', '.join(missing)}")
+
+
+def parquet_schema(flag: str, path: str) -> pa.Schema:
+    """The schema of a Parquet file, or of the first part file of a folder of them."""
+    source = Path(path.removeprefix("file://"))
+    if source.is_dir():
+        parts = sorted(p for p in source.rglob("*.parquet") if not p.name.startswith(("_", ".")))
+        if not parts:
+            raise JobError(f"{flag} {path}: no Parquet file in the folder")
+        source = parts[0]
+    elif not source.exists():
+        raise JobError(f"{flag} {path}: no such file or folder")
+    try:
+        return pq.read_schema(source)
+    except (pa.ArrowException, OSError) as exc:
+        raise JobError(f"{flag} {path}: not a Parquet file ({exc})") from None
+
+
 def parse_time(text: str) -> datetime:
-    value = datetime.fromisoformat(text)
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO 8601 time: {text!r} (e.g. 2024-05-01T12:00:00Z)"
+        ) from None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "reconcile") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="reconcile", description=__doc__.splitlines()[0] if __doc__ else None
+        prog=prog, description=__doc__.splitlines()[0] if __doc__ else None
     )
     parser.add_argument(
         "--ledger", required=True, help="ledger Parquet, or a postgresql:// URL read over JDBC"
@@ -247,8 +303,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "reconcile") -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    if args.end <= args.start:
+        parser.error("--end must be after --start")
+    try:
+        check_inputs(args.ledger, args.broker_log, args.halfop_log, args.out)
+        summary = run_on_spark(args)
+    except JobError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    total = summary["total"]
+    print(json.dumps(total, default=str))
+    return EXIT_DISCREPANCY if total.get("lost") or total.get("phantom") else 0
+
+
+def run_on_spark(args: argparse.Namespace) -> dict[str, Any]:
+    """``run`` in a session of its own; what Spark raises becomes one line."""
+    from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
+    from pyspark.errors import PySparkException
+
     builder = SparkSession.builder.appName("outbox-reconcile").config(
         "spark.sql.session.timeZone", "UTC"
     )
@@ -261,12 +336,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = builder.getOrCreate()
     try:
         window = Window(args.start, args.end, args.sla)
-        summary = run(spark, args.ledger, args.broker_log, args.out, window, args.halfop_log)
+        return run(spark, args.ledger, args.broker_log, args.out, window, args.halfop_log)
+    except Py4JJavaError as exc:  # its text is the whole Java stack
+        raise JobError(first_line(exc.java_exception.toString())) from None
+    except PySparkException as exc:
+        raise JobError(first_line(str(exc))) from None
     finally:
         spark.stop()
-    total = summary["total"]
-    print(json.dumps(total, default=str))
-    return EXIT_DISCREPANCY if total.get("lost") or total.get("phantom") else 0
+
+
+def first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "Spark failed"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,284 @@
+"""Bad input at every entry point: one clear line naming what is wrong, nothing half-written.
+
+Each test runs the real `outbox` command. A bug looks like a Python traceback, a
+message that names neither the flag nor the value, a command that hangs on an
+unreachable host, or an output file left behind by a run that failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import nats
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from outbox import migrate
+from outbox.halfop import (
+    BORN_TIMESTAMP,
+    CHECK_MAX_TOPIC,
+    HALF_TOPIC,
+    PGROUP,
+    TRAN_MSG,
+    UNIQ_KEY,
+    LocalTransactionState,
+    TransactionListener,
+    TransactionMessage,
+    TransactionProducer,
+)
+from relay.brokers.nats import NatsBroker, read_stream
+from relay.embedded import NatsServer, free_port
+from spark_jobs.schema import BROKER, LEDGER
+from tests.helpers import wait_until
+
+OUTBOX = str(Path(sys.executable).with_name("outbox"))
+ENV = {k: v for k, v in os.environ.items() if k not in ("OUTBOX_DB", "OUTBOX_BROKER")}
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+WINDOW = ["--start", T0.isoformat(), "--end", (T0 + timedelta(hours=1)).isoformat()]
+
+
+def outbox(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [OUTBOX, *args], capture_output=True, text=True, timeout=timeout, env=ENV, check=False
+    )
+
+
+def refused(done: subprocess.CompletedProcess[str], code: int, *named: str) -> str:
+    """The error line, once the run failed with ``code``, without a traceback, naming ``named``."""
+    assert done.returncode == code, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    for text in named:
+        assert text in line, line
+    return line
+
+
+def ledger_row(i: int, msg_id: str | None) -> dict[str, Any]:
+    at = T0 + timedelta(seconds=i)
+    return {"id": i, "msg_id": msg_id, "topic": "t.a", "status": "sent", "created_at": at,
+            "sent_at": at, "attempts": 1, "receipt": str(i)}  # fmt: skip
+
+
+def broker_row(i: int, msg_id: str) -> dict[str, Any]:
+    return {"msg_id": msg_id, "topic": "t.a", "seq": str(i),
+            "broker_ts": T0 + timedelta(seconds=i, milliseconds=5)}  # fmt: skip
+
+
+def write(
+    path: Path, rows: list[dict[str, Any]], schema: pa.Schema, drop: tuple[str, ...] = ()
+) -> str:
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema).drop_columns(list(drop)), path)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["drain", "--db", "sqlite://", "--broker", "kafka://h:1"], "kafka://h:1"),
+        (["coordinator", "--broker", "kafka://h:1"], "kafka://h:1"),
+        (["status", "--db", "foo://x"], "foo://x"),
+        (["migrate", "--db", "foo://x"], "foo://x"),
+        (["export", "ledger", "--db", "foo://x", "--out", "{tmp}/x.parquet"], "foo://x"),
+    ],
+)
+def test_unknown_schemes_name_the_url(args: list[str], named: str, tmp_path: Path) -> None:
+    refused(outbox(*[a.format(tmp=tmp_path) for a in args]), 1, named)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status"],
+        ["migrate"],
+        ["requeue", "--dead"],
+        ["export", "ledger", "--out", "{tmp}/ledger.parquet"],
+    ],
+)
+def test_an_unreachable_database_fails_fast(args: list[str], tmp_path: Path) -> None:
+    db = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x"
+    began = time.monotonic()
+    done = outbox(*[a.format(tmp=tmp_path) for a in args], "--db", db, timeout=30)
+    assert time.monotonic() - began < 15, "a refused connection must not be retried for long"
+    refused(done, 1, "127.0.0.1", "refused")
+    assert list(tmp_path.iterdir()) == [], "no Parquet file from a failed export"
+
+
+@pytest.mark.parametrize(
+    ("scheme", "flag"), [("nats", "--stream"), ("redis", "--topic"), ("amqp", "--queue")]
+)
+def test_a_broker_export_from_an_unreachable_broker(scheme: str, flag: str, tmp_path: Path) -> None:
+    url = f"{scheme}://127.0.0.1:{free_port()}"
+    out = tmp_path / "broker.parquet"
+    began = time.monotonic()
+    done = outbox("export", "broker", "--broker", url, flag, "S", "--out", str(out), timeout=60)
+    assert time.monotonic() - began < 20, "an export has nothing to wait for"
+    refused(done, 1, url, "unreachable", "nothing was written")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_drain_with_an_unreachable_broker_says_so_once(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/outbox.sqlite"
+    migrate.upgrade(db)
+    url = f"nats://127.0.0.1:{free_port()}"
+    done = outbox("drain", "--db", db, "--broker", url, timeout=60)
+    refused(done, 1, url, "unreachable; nothing was touched")
+    retries = [line for line in done.stderr.splitlines() if "Connect call failed" in line]
+    assert len(retries) <= 1, "the adapter's retry warning repeated every 0.2 s"
+
+
+def test_an_export_into_a_missing_folder(tmp_path: Path) -> None:
+    out = tmp_path / "nosuch" / "ledger.parquet"
+    refused(outbox("export", "ledger", "--db", "sqlite://", "--out", str(out)), 1, "--out")
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["export", "ledger", "--db", "sqlite://", "--since", "yesterday", "--out", "x"],
+         ("--since", "'yesterday'", "ISO 8601")),
+        (["reconcile", "--ledger", "l", "--broker-log", "b", "--out", "o",
+          "--start", "yesterday", "--end", "2026-03-01"], ("--start", "'yesterday'")),
+        (["reconcile", "--ledger", "l", "--broker-log", "b", "--out", "o", *WINDOW,
+          "--sla", "soon"], ("--sla", "'soon'")),
+        (["reconcile", "--ledger", "l", "--broker-log", "b", "--out", "o",
+          "--start", "2026-03-02", "--end", "2026-03-01"], ("--end", "--start")),
+        (["drain", "--db", "sqlite://", "--broker", "memory://", "--concurrency", "many"],
+         ("--concurrency", "'many'")),
+        (["compare", "--faults", "nosuch"], ("faults", "nosuch")),
+        (["compare", "--rollback-rate", "2"], ("rollback_rate",)),
+    ],
+)  # fmt: skip
+def test_bad_flag_values_are_usage_errors(args: list[str], named: tuple[str, ...]) -> None:
+    refused(outbox(*args), 2, *named)
+
+
+def test_reconcile_with_a_ledger_that_does_not_exist(tmp_path: Path) -> None:
+    broker = write(tmp_path / "broker.parquet", [broker_row(1, "m1")], BROKER)
+    ledger, out = tmp_path / "nosuch.parquet", tmp_path / "report"
+    done = outbox("reconcile", "--ledger", str(ledger), "--broker-log", broker,
+                  "--out", str(out), *WINDOW)  # fmt: skip
+    refused(done, 1, "--ledger", str(ledger), "no such file")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("which", "drop"),
+    [("ledger", ("created_at",)), ("broker", ("msg_id",)), ("broker", ("msg_id", "broker_ts"))],
+)
+def test_reconcile_inputs_missing_columns_fail_before_spark(
+    which: str, drop: tuple[str, ...], tmp_path: Path
+) -> None:
+    """Checked from the Parquet footer: exit 1 (2 would mean "discrepancies found")."""
+    ledger = write(tmp_path / "ledger.parquet", [ledger_row(1, "m1")], LEDGER,
+                   drop if which == "ledger" else ())  # fmt: skip
+    broker = write(tmp_path / "broker.parquet", [broker_row(1, "m1")], BROKER,
+                   drop if which == "broker" else ())  # fmt: skip
+    out = tmp_path / "report"
+    began = time.monotonic()
+    done = outbox("reconcile", "--ledger", ledger, "--broker-log", broker,
+                  "--out", str(out), *WINDOW)  # fmt: skip
+    flag, path = ("--ledger", ledger) if which == "ledger" else ("--broker-log", broker)
+    refused(done, 1, flag, path, "missing column(s) " + ", ".join(drop))
+    assert time.monotonic() - began < 8, "the check must not wait for a Spark session"
+    assert not out.exists()
+
+
+def test_malformed_ledger_rows_are_counted_not_fatal(tmp_path: Path) -> None:
+    """Spark: two ledger rows without a usable msg_id among five good ones."""
+    good = [f"m{i}" for i in range(5)]
+    rows = [ledger_row(i, m) for i, m in enumerate(good)]
+    rows += [ledger_row(5, None), ledger_row(6, "")]
+    ledger = write(tmp_path / "ledger.parquet", rows, LEDGER)
+    broker = write(tmp_path / "broker.parquet", [broker_row(i, m) for i, m in enumerate(good)],
+                   BROKER)  # fmt: skip
+    out = tmp_path / "report"
+    done = outbox("reconcile", "--ledger", ledger, "--broker-log", broker, "--out", str(out),
+                  *WINDOW, "--master", "local[1]", timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    total = json.loads((out / "summary.json").read_text())["total"]
+    assert (total["malformed"], total["committed"], total["delivered"]) == (2, 5, 5)
+    kinds = pq.read_table(out / "discrepancies").column("kind").to_pylist()
+    assert kinds == ["malformed", "malformed"]
+
+
+def test_reconcile_from_an_unreachable_database_is_one_line(tmp_path: Path) -> None:
+    """Spark: the JDBC ledger read fails inside Spark; a Java stack must not reach the user."""
+    broker = write(tmp_path / "broker.parquet", [broker_row(1, "m1")], BROKER)
+    db = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x"
+    done = outbox("reconcile", "--ledger", db, "--broker-log", broker,
+                  "--out", str(tmp_path / "report"), *WINDOW, "--master", "local[1]",
+                  timeout=300)  # fmt: skip
+    line = refused(done, 1, "JDBC")
+    assert line.startswith("outbox reconcile: ")
+    assert "\tat " not in done.stderr, "a Java stack trace"
+
+
+def stored(url: str, stream: str) -> list[str | None]:
+    """The msg_ids a stream holds (a discarded half's is in its UNIQ_KEY)."""
+    found = asyncio.run(read_stream(url, stream))
+    return [m.msg_id or m.headers.get(UNIQ_KEY) for m in found]
+
+
+class Commits(TransactionListener):
+    def execute_local_transaction(
+        self, msg: TransactionMessage, arg: object
+    ) -> LocalTransactionState:
+        return LocalTransactionState.COMMIT_MESSAGE
+
+    def check_local_transaction(self, msg: TransactionMessage) -> LocalTransactionState:
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
+def test_a_half_without_real_topic_does_not_stop_the_coordinator(
+    nats_server: NatsServer, stream: tuple[str, str]
+) -> None:
+    """A half nobody's producer wrote (no REAL_TOPIC) is checked, then discarded.
+
+    A bug: the coordinator dies, stops settling the good transaction behind it, or
+    publishes the bad half somewhere.
+    """
+    name, prefix = stream
+    url = nats_server.url
+
+    async def inject() -> None:
+        broker = NatsBroker(f"{url}?stream={name}&subjects={prefix}.>")
+        await broker.connect()  # creates the real stream
+        await broker.close()
+        nc = await nats.connect(url)
+        headers = {PGROUP: "bad-input", TRAN_MSG: "true", UNIQ_KEY: "no-real-topic",
+                   BORN_TIMESTAMP: str(int(time.time() * 1000))}  # fmt: skip
+        await nc.jetstream().publish(HALF_TOPIC, b"x", headers=headers)
+        await nc.close()
+
+    producer = TransactionProducer(group="bad-input", broker=url, listener=Commits())
+    producer.start()  # creates the half stream and answers the coordinator's checks
+    coordinator = subprocess.Popen(
+        [OUTBOX, "coordinator", "--broker", url, "--check-interval", "0.2",
+         "--transaction-timeout", "0.3", "--check-max", "2"],
+        stderr=subprocess.PIPE, text=True, env=ENV,
+    )  # fmt: skip
+    try:
+        asyncio.run(inject())
+        good = producer.send_in_transaction(f"{prefix}.orders", b"y")
+        wait_until(lambda: stored(url, name) == [good.msg_id], timeout=20, what="the good one")
+        wait_until(
+            lambda: "no-real-topic" in stored(url, CHECK_MAX_TOPIC), timeout=20, what="the bad one"
+        )
+        assert coordinator.poll() is None, "the coordinator ended"
+    finally:
+        producer.stop()
+        coordinator.send_signal(signal.SIGTERM)
+        _, log = coordinator.communicate(timeout=30)
+    assert coordinator.returncode == 0, log
+    assert stored(url, name) == [good.msg_id], "the bad half reached a real topic"
