@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from sqlalchemy.exc import SQLAlchemyError
 
 from outbox import migrate
-from outbox.config import Settings, check_broker_url, engine_from, mask_url
+from outbox.config import Settings, check_broker_url, engine_from, iso_time, mask_url
 from outbox.errors import OutboxError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DEAD = 0, 1, 2, 3
@@ -193,18 +193,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--check-max", type=positive_int, default=15, help="checks before discard (default 15)"
     )
     return parser
-
-
-def iso_time(text: str) -> datetime:
-    from datetime import UTC
-
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not an ISO 8601 time: {text!r} (e.g. 2024-05-01T12:00:00Z)"
-        ) from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def positive_int(text: str) -> int:

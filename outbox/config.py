@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -163,3 +165,14 @@ def scratch_schema(db: str, prefix: str = "scratch") -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+def iso_time(text: str) -> datetime:
+    """An ISO 8601 time for a command-line flag; naive times are UTC."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO 8601 time: {text!r} (e.g. 2024-05-01T12:00:00Z)"
+        ) from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)

@@ -20,7 +20,7 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from outbox.config import iso_time
 from spark_jobs.schema import BROKER, HALFOP_LOG, LEDGER, RECORDS
 
 EXIT_FAILED, EXIT_DISCREPANCY = 1, 2
@@ -264,16 +265,6 @@ def parquet_schema(flag: str, path: str) -> pa.Schema:
         raise JobError(f"{flag} {path}: not a Parquet file ({exc})") from None
 
 
-def parse_time(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not an ISO 8601 time: {text!r} (e.g. 2024-05-01T12:00:00Z)"
-        ) from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
 def build_parser(prog: str = "reconcile") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__.splitlines()[0] if __doc__ else None
@@ -292,8 +283,8 @@ def build_parser(prog: str = "reconcile") -> argparse.ArgumentParser:
     parser.add_argument(
         "--out", required=True, help="folder for summary.json, discrepancies/, report.html"
     )
-    parser.add_argument("--start", type=parse_time, required=True, help="window start, ISO 8601")
-    parser.add_argument("--end", type=parse_time, required=True, help="window end, ISO 8601")
+    parser.add_argument("--start", type=iso_time, required=True, help="window start, ISO 8601")
+    parser.add_argument("--end", type=iso_time, required=True, help="window end, ISO 8601")
     parser.add_argument(
         "--sla", type=float, default=60.0, help="seconds before a missing message is lost"
     )
