@@ -29,22 +29,13 @@ from outbox.halfop import (
     SqlTransactionListener,
     TransactionProducer,
 )
-from relay.brokers.nats import NatsBroker, read_stream
+from relay.brokers.nats import create_stream, read_stream
 from relay.coordinator import Coordinator, CoordinatorSettings
 from relay.embedded import NatsServer
 from relay.faults import kill_producer_after_commit
 from relay.workload import business, place_order
 
 TEST_SETTINGS = CoordinatorSettings(check_interval_s=0.2, transaction_timeout_s=0.3)
-
-
-def create_real_stream(url: str) -> None:
-    async def create() -> None:
-        broker = NatsBroker(f"{url}?stream=REAL&subjects=real.>")
-        await broker.connect()
-        await broker.close()
-
-    asyncio.run(create())
 
 
 def run_workload(url: str, db: str, total: int, threads: int) -> list[str]:
@@ -111,7 +102,7 @@ def main() -> None:
     rows: list[tuple[str, str]] = []
     with NatsServer() as server, bench_schema() as db:
         migrate.upgrade(db)
-        create_real_stream(server.url)
+        create_stream(server.url, "REAL", "real.>")
         coordinator = Coordinator(server.url, CoordinatorSettings())  # RocketMQ's defaults
         coordinator.start()
         started = time.monotonic()
@@ -142,7 +133,7 @@ def main() -> None:
         # A fresh broker each time, so the check service has no backlog to walk first.
         with NatsServer() as server, bench_schema() as db:
             migrate.upgrade(db)
-            create_real_stream(server.url)
+            create_stream(server.url, "REAL", "real.>")
             settled = settle_after_kill(server.url, db, settings)
         rows.append((f"settle after producer SIGKILL, {label} intervals", f"{settled:.2f} s"))
     title = f"model B (half/op), {args.threads} producer threads, PostgreSQL + nats-server"

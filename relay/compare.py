@@ -49,7 +49,7 @@ from outbox.halfop import (
     TransactionProducer,
 )
 from outbox.table import outbox_message, transaction_record
-from relay.brokers.nats import NatsBroker
+from relay.brokers.nats import create_stream
 from relay.coordinator import Coordinator, CoordinatorSettings
 from relay.embedded import NatsServer
 from relay.faults import (
@@ -220,14 +220,6 @@ class Run:
     def via_proxy(self) -> str:
         return f"nats://127.0.0.1:{self.proxy.port}"
 
-    def create_stream(self) -> None:
-        async def create() -> None:
-            broker = NatsBroker(f"{self.nats_url}?stream={self.stream}&subjects=cmp.{self.model}.>")
-            await broker.connect()
-            await broker.close()
-
-        asyncio.run(create())
-
     def drive(self, transaction: Callable[[int], str], inject: Callable[[str], None]) -> None:
         """Offer the transactions at the set rate while the faults happen one after another."""
         faults = threading.Thread(target=self._faults, args=(inject,), name="faults")
@@ -362,7 +354,7 @@ class ModelA(Run):
 
     def run(self) -> RunResult:
         business.create_all(self.engine)
-        self.create_stream()
+        create_stream(self.nats_url, self.stream, f"cmp.{self.model}.>")
         if "pause" in self.w.faults:
             self.worker = start_worker(self.db, self.broker)
         self.ob.start()
@@ -433,7 +425,7 @@ class ModelB(Run):
 
     def run(self) -> RunResult:
         business.create_all(self.engine)
-        self.create_stream()
+        create_stream(self.nats_url, self.stream, f"cmp.{self.model}.>")
         self.coordinator.start()
         self.producer.start()
         self.delivered.start()

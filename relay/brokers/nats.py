@@ -153,6 +153,17 @@ def _one(query: dict[str, list[str]], name: str) -> str | None:
     return values[-1] if values else None
 
 
+def create_stream(url: str, stream: str, subjects: str) -> None:
+    """Create ``stream`` for ``subjects`` (comma-separated) if it is missing, and return."""
+
+    async def create() -> None:
+        broker = NatsBroker(f"{url}?stream={stream}&subjects={subjects}")
+        await broker.connect()  # a URL with stream= and subjects= creates a missing stream
+        await broker.close()
+
+    asyncio.run(create())
+
+
 async def read_stream(url: str, stream: str) -> list[StoredMessage]:
     """Every message the stream holds, in sequence order (for checks and exports).
 

@@ -31,15 +31,12 @@ from outbox.halfop import (
     PGROUP,
     TRAN_MSG,
     UNIQ_KEY,
-    LocalTransactionState,
-    TransactionListener,
-    TransactionMessage,
     TransactionProducer,
 )
-from relay.brokers.nats import NatsBroker, read_stream
+from relay.brokers.nats import create_stream, read_stream
 from relay.embedded import NatsServer, free_port
 from spark_jobs.schema import BROKER, LEDGER
-from tests.helpers import wait_until
+from tests.helpers import AlwaysCommits, wait_until
 
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
 ENV = {k: v for k, v in os.environ.items() if k not in ("OUTBOX_DB", "OUTBOX_BROKER")}
@@ -230,16 +227,6 @@ def stored(url: str, stream: str) -> list[str | None]:
     return [m.msg_id or m.headers.get(UNIQ_KEY) for m in found]
 
 
-class Commits(TransactionListener):
-    def execute_local_transaction(
-        self, msg: TransactionMessage, arg: object
-    ) -> LocalTransactionState:
-        return LocalTransactionState.COMMIT_MESSAGE
-
-    def check_local_transaction(self, msg: TransactionMessage) -> LocalTransactionState:
-        return LocalTransactionState.COMMIT_MESSAGE
-
-
 def test_a_half_without_real_topic_does_not_stop_the_coordinator(
     nats_server: NatsServer, stream: tuple[str, str]
 ) -> None:
@@ -252,16 +239,13 @@ def test_a_half_without_real_topic_does_not_stop_the_coordinator(
     url = nats_server.url
 
     async def inject() -> None:
-        broker = NatsBroker(f"{url}?stream={name}&subjects={prefix}.>")
-        await broker.connect()  # creates the real stream
-        await broker.close()
         nc = await nats.connect(url)
         headers = {PGROUP: "bad-input", TRAN_MSG: "true", UNIQ_KEY: "no-real-topic",
                    BORN_TIMESTAMP: str(int(time.time() * 1000))}  # fmt: skip
         await nc.jetstream().publish(HALF_TOPIC, b"x", headers=headers)
         await nc.close()
 
-    producer = TransactionProducer(group="bad-input", broker=url, listener=Commits())
+    producer = TransactionProducer(group="bad-input", broker=url, listener=AlwaysCommits())
     producer.start()  # creates the half stream and answers the coordinator's checks
     coordinator = subprocess.Popen(
         [OUTBOX, "coordinator", "--broker", url, "--check-interval", "0.2",
@@ -269,6 +253,7 @@ def test_a_half_without_real_topic_does_not_stop_the_coordinator(
         stderr=subprocess.PIPE, text=True, env=ENV,
     )  # fmt: skip
     try:
+        create_stream(url, name, f"{prefix}.>")
         asyncio.run(inject())
         good = producer.send_in_transaction(f"{prefix}.orders", b"y")
         wait_until(lambda: stored(url, name) == [good.msg_id], timeout=20, what="the good one")

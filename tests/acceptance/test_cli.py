@@ -20,7 +20,7 @@ from sqlalchemy.pool import NullPool
 from outbox import Outbox, migrate, outbox_message
 from relay.brokers.nats import read_stream
 from relay.embedded import NatsServer
-from tests.helpers import wait_until
+from tests.helpers import AlwaysCommits, wait_until
 
 t = outbox_message
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
@@ -180,37 +180,20 @@ def test_coordinator_command_settles_transactions(
     nats_server: NatsServer, stream: tuple[str, str]
 ) -> None:
     from outbox.halfop import (
-        LocalTransactionState,
-        TransactionListener,
-        TransactionMessage,
         TransactionProducer,
     )
-    from relay.brokers.nats import NatsBroker
+    from relay.brokers.nats import create_stream
 
     name, prefix = stream
 
-    async def real_stream() -> None:
-        broker = NatsBroker(f"{nats_server.url}?stream={name}&subjects={prefix}.>")
-        await broker.connect()
-        await broker.close()
-
-    asyncio.run(real_stream())
-
-    class Commits(TransactionListener):
-        def execute_local_transaction(
-            self, msg: TransactionMessage, arg: object
-        ) -> LocalTransactionState:
-            return LocalTransactionState.COMMIT_MESSAGE
-
-        def check_local_transaction(self, msg: TransactionMessage) -> LocalTransactionState:
-            return LocalTransactionState.COMMIT_MESSAGE
+    create_stream(nats_server.url, name, f"{prefix}.>")
 
     coordinator = subprocess.Popen(
         [OUTBOX, "coordinator", "--broker", nats_server.url, "--check-interval", "0.2"],
         stderr=subprocess.PIPE,
         text=True,
     )
-    producer = TransactionProducer(group="cli", broker=nats_server.url, listener=Commits())
+    producer = TransactionProducer(group="cli", broker=nats_server.url, listener=AlwaysCommits())
     producer.start()
     try:
         result = producer.send_in_transaction(f"{prefix}.orders", b"x")

@@ -25,7 +25,7 @@ from outbox.halfop import (
     TransactionMessage,
     TransactionProducer,
 )
-from relay.brokers.nats import NatsBroker, read_stream
+from relay.brokers.nats import create_stream, read_stream
 from relay.coordinator import Coordinator, CoordinatorSettings
 from relay.embedded import NatsServer
 from relay.faults import kill_producer_after_commit
@@ -61,13 +61,7 @@ class Scripted(TransactionListener):
 def real_stream(nats_server: NatsServer, stream: tuple[str, str]) -> tuple[str, str]:
     """A stream consumers read for the real topics of this test."""
     name, prefix = stream
-
-    async def create() -> None:
-        broker = NatsBroker(f"{nats_server.url}?stream={name}&subjects={prefix}.>")
-        await broker.connect()
-        await broker.close()
-
-    asyncio.run(create())
+    create_stream(nats_server.url, name, f"{prefix}.>")
     return name, prefix
 
 

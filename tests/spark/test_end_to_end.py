@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from outbox import Outbox, cli, migrate
 from outbox.halfop import SqlTransactionListener, TransactionProducer
-from relay.brokers.nats import NatsBroker
+from relay.brokers.nats import create_stream
 from relay.coordinator import Coordinator, CoordinatorSettings
 from relay.embedded import NatsServer
 from relay.workload import business, place_order
@@ -26,12 +26,6 @@ from tests.helpers import wait_until
 
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
 QUICK_CHECKS = CoordinatorSettings(check_interval_s=0.2, transaction_timeout_s=0.3)
-
-
-async def create_stream(url: str, name: str, prefix: str) -> None:
-    broker = NatsBroker(f"{url}?stream={name}&subjects={prefix}.>")
-    await broker.connect()
-    await broker.close()
 
 
 def deliver(pg_url: str, server: NatsServer, stream: tuple[str, str], count: int) -> None:
@@ -175,7 +169,7 @@ def test_model_b_run_reconciled_from_records_halfs_ops_and_the_real_stream(
         listener=SqlTransactionListener(engine, place_order, group="orders", rollback_after_s=0.5),
     )
     try:
-        asyncio.run(create_stream(nats_server.url, name, prefix))
+        create_stream(nats_server.url, name, f"{prefix}.>")
         producer.start()
         producer._link.drop_end_requests = True
         for i in range(40):  # every fourth order is rejected: 30 commit
