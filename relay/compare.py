@@ -200,7 +200,10 @@ def port_of(url: str) -> int:
 
 
 class Run:
-    """What both models share: the proxy, the delivered log, paced threads, faults."""
+    """What both models share: the proxy, the engine, the delivered log, paced threads,
+    faults, and the run itself; a model adds its parts through the hooks below."""
+
+    ledger: Any  # the msg_id column of the model's ledger (its committed transactions)
 
     def __init__(
         self, model: str, db: str, nats_url: str, server: NatsServer | None, w: Workload
@@ -215,6 +218,12 @@ class Run:
         self.delivered = Delivered(nats_url, self.stream)
         self._lock = threading.Lock()
         self._pending_settles: list[tuple[FaultRecord, set[str]]] = []
+        self.engine = create_engine(
+            with_query(db, application_name=self.app_name),
+            pool_size=w.concurrency + 4,
+            pool_pre_ping=True,
+        )
+        self.statements = count_statements(self.engine)
 
     @property
     def via_proxy(self) -> str:
@@ -286,7 +295,8 @@ class Run:
 
     def committed_ids(self) -> set[str]:
         """msg_ids of the committed transactions, by the model's own ledger."""
-        raise NotImplementedError
+        with self.engine.connect() as conn:
+            return {str(m) for m in conn.execute(select(self.ledger)).scalars()}
 
     def committed_ids_soon(self) -> set[str]:
         """committed_ids, retried while a fault's aftermath still breaks connections."""
@@ -306,6 +316,42 @@ class Run:
                 return
             time.sleep(0.2)
 
+    def run(self) -> RunResult:
+        business.create_all(self.engine)
+        create_stream(self.nats_url, self.stream, f"cmp.{self.model}.>")
+        self.start_parts()
+        self.delivered.start()
+        try:
+            self.drive(self.transaction, self.inject)
+            self.wait_settled()
+            self.wait_resolved()
+        finally:
+            self.stop_parts()
+            self.delivered.stop()
+            self.proxy.stop()
+        self.record_settles()
+        self.result.statements = self.statements()
+        self.result.ended = datetime.now(UTC)
+        self.engine.dispose()
+        return self.result
+
+    def start_parts(self) -> None:
+        """Start the model's own parts (relay, worker, producer, coordinator)."""
+
+    def stop_parts(self) -> None:
+        """Stop them; runs even when the workload failed."""
+
+    def wait_resolved(self) -> None:
+        """After every message settled: wait for what else the model must finish."""
+
+    def transaction(self, i: int) -> str:
+        """Run business transaction ``i``: committed, rolled back or failed."""
+        raise NotImplementedError
+
+    def inject(self, name: str) -> None:
+        """Inject fault ``name`` (one the model has) and return when it is over."""
+        raise NotImplementedError
+
     def record_settles(self) -> None:
         for record, ids in self._pending_settles:
             at = self.delivered.settled_at(ids)
@@ -313,21 +359,13 @@ class Run:
 
 
 class ModelA(Run):
+    ledger = outbox_message.c.msg_id
+
     def __init__(self, db: str, nats_url: str, server: NatsServer | None, w: Workload) -> None:
         super().__init__("a", db, nats_url, server, w)
-        self.engine = create_engine(
-            with_query(db, application_name=self.app_name),
-            pool_size=w.concurrency + 4,
-            pool_pre_ping=True,
-        )
-        self.statements = count_statements(self.engine)
         self.broker = f"{self.via_proxy}?stream={self.stream}&subjects=cmp.a.>"
         self.ob = Outbox(self.engine, broker=self.broker, **QUICK_OUTBOX)
         self.worker: subprocess.Popen[bytes] | None = None
-
-    def committed_ids(self) -> set[str]:
-        with self.engine.connect() as conn:
-            return {str(m) for m in conn.execute(select(outbox_message.c.msg_id)).scalars()}
 
     def transaction(self, i: int) -> str:
         try:
@@ -352,38 +390,22 @@ class ModelA(Run):
             with paused(self.worker.pid):
                 time.sleep(self.w.fault_s)
 
-    def run(self) -> RunResult:
-        business.create_all(self.engine)
-        create_stream(self.nats_url, self.stream, f"cmp.{self.model}.>")
+    def start_parts(self) -> None:
         if "pause" in self.w.faults:
             self.worker = start_worker(self.db, self.broker)
         self.ob.start()
-        self.delivered.start()
-        try:
-            self.drive(self.transaction, self.inject)
-            self.wait_settled()
-        finally:
-            self.ob.stop()
-            stop_worker(self.worker)
-            self.delivered.stop()
-            self.proxy.stop()
-        self.record_settles()
-        self.result.statements = self.statements()
-        self.result.ended = datetime.now(UTC)
-        self.engine.dispose()
-        return self.result
+
+    def stop_parts(self) -> None:
+        self.ob.stop()
+        stop_worker(self.worker)
 
 
 class ModelB(Run):
+    ledger = transaction_record.c.msg_id
+
     def __init__(self, db: str, nats_url: str, server: NatsServer | None, w: Workload) -> None:
         super().__init__("b", db, nats_url, server, w)
         self.halfs = 0  # halfs stored: each must end in an op or a discard
-        self.engine = create_engine(
-            with_query(db, application_name=self.app_name),
-            pool_size=w.concurrency + 4,
-            pool_pre_ping=True,
-        )
-        self.statements = count_statements(self.engine)
         listener = SqlTransactionListener(
             self.engine, place_order, group="compare", rollback_after_s=5.0
         )
@@ -391,10 +413,6 @@ class ModelB(Run):
             group="compare", broker=self.via_proxy, listener=listener
         )
         self.coordinator = Coordinator(self.via_proxy, QUICK_COORDINATOR)
-
-    def committed_ids(self) -> set[str]:
-        with self.engine.connect() as conn:
-            return {str(m) for m in conn.execute(select(transaction_record.c.msg_id)).scalars()}
 
     def transaction(self, i: int) -> str:
         arg = {"sku": f"B{i}", "fail": self.w.rolls_back(i)}
@@ -423,27 +441,14 @@ class ModelB(Run):
             time.sleep(self.w.fault_s)
             self.producer._link.drop_end_requests = False
 
-    def run(self) -> RunResult:
-        business.create_all(self.engine)
-        create_stream(self.nats_url, self.stream, f"cmp.{self.model}.>")
+    def start_parts(self) -> None:
         self.coordinator.start()
         self.producer.start()
-        self.delivered.start()
-        try:
-            self.drive(self.transaction, self.inject)
-            self.wait_settled()
-            self.wait_resolved()
-        finally:
-            self.producer.stop()
-            self.coordinator.stop()
-            self.delivered.stop()
-            self.proxy.stop()
-        self.record_settles()
-        self.result.statements = self.statements()
+
+    def stop_parts(self) -> None:
+        self.producer.stop()
+        self.coordinator.stop()
         self.result.check_backs = self.coordinator.stats.check_requests
-        self.result.ended = datetime.now(UTC)
-        self.engine.dispose()
-        return self.result
 
     def wait_resolved(self) -> None:
         """Until every half has its op or was discarded, so that none counts as unresolved."""
