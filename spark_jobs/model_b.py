@@ -28,27 +28,9 @@ def of_stream(log: DataFrame, stream: str) -> DataFrame:
     return log.where(F.col("stream") == stream)
 
 
-def ledger_from_records(records: DataFrame, log: DataFrame) -> DataFrame:
-    """The listener's records in the ledger's shape (id, msg_id, topic, status, created_at)."""
-    topics = of_stream(log, "half").groupBy("msg_id").agg(F.first("topic").alias("topic"))
-    gone = of_stream(log, "discarded").select("msg_id").distinct().withColumn("gone", F.lit(True))
-    status = F.when(F.col("gone"), F.lit("discarded")).otherwise(F.lit("committed"))
-    return (
-        records.join(topics, "msg_id", "left")
-        .join(gone, "msg_id", "left")
-        .select(
-            F.lit(None).cast("long").alias("id"),
-            "msg_id",
-            "topic",
-            status.alias("status"),
-            "created_at",
-        )
-    )
-
-
-def halfop_counts(log: DataFrame, window: Window) -> dict[str | None, dict[str, int]]:
-    """Per real topic (None: in total), for the halfs first written in the window."""
-    per_msg = (
+def halfs_per_message(log: DataFrame) -> DataFrame:
+    """One row per msg_id with a half: topic, first written, copies, checks, ops, discarded."""
+    halfs = (
         of_stream(log, "half")
         .groupBy("msg_id")
         .agg(
@@ -57,14 +39,30 @@ def halfop_counts(log: DataFrame, window: Window) -> dict[str | None, dict[str, 
             F.count(F.lit(1)).alias("copies"),
             F.max("check_times").alias("checks"),
         )
-        .where((F.col("born") >= F.lit(window.start)) & (F.col("born") < F.lit(window.end)))
     )
     ops = of_stream(log, "op").groupBy("msg_id").agg(F.count(F.lit(1)).alias("ops"))
     gone = of_stream(log, "discarded").select("msg_id").distinct().withColumn("gone", F.lit(1))
+    return halfs.join(ops, "msg_id", "left").join(gone, "msg_id", "left")
+
+
+def ledger_from_records(records: DataFrame, per_msg: DataFrame) -> DataFrame:
+    """The listener's records in the ledger's shape (id, msg_id, topic, status, created_at)."""
+    status = F.when(F.col("gone").isNotNull(), F.lit("discarded")).otherwise(F.lit("committed"))
+    return records.join(per_msg.select("msg_id", "topic", "gone"), "msg_id", "left").select(
+        F.lit(None).cast("long").alias("id"),
+        "msg_id",
+        "topic",
+        status.alias("status"),
+        "created_at",
+    )
+
+
+def halfop_counts(per_msg: DataFrame, window: Window) -> dict[str | None, dict[str, int]]:
+    """Per real topic (None: in total), for the halfs first written in the window."""
+    born_in_window = (F.col("born") >= F.lit(window.start)) & (F.col("born") < F.lit(window.end))
     settled = F.col("ops").isNotNull() | F.col("gone").isNotNull()
     rows = (
-        per_msg.join(ops, "msg_id", "left")
-        .join(gone, "msg_id", "left")
+        per_msg.where(born_in_window)
         .withColumn("topic", F.coalesce("topic", F.lit("?")))
         .rollup("topic")
         .agg(

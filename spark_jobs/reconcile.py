@@ -194,12 +194,14 @@ def run(
     if halfop_path is None:
         ledger = read_ledger(spark, ledger_path)
     else:
-        halfop_log = spark.read.parquet(halfop_path)
-        ledger = model_b.ledger_from_records(spark.read.parquet(ledger_path), halfop_log)
+        # read by the ledger and by model B's counts: grouped once
+        per_msg = model_b.halfs_per_message(spark.read.parquet(halfop_path)).cache()
+        ledger = model_b.ledger_from_records(spark.read.parquet(ledger_path), per_msg)
     classified = classify(ledger, spark.read.parquet(broker_path), window).cache()
     summary = summarise(classified)
     if halfop_path is not None:
-        model_b.add_counts(summary, model_b.halfop_counts(halfop_log, window))
+        model_b.add_counts(summary, model_b.halfop_counts(per_msg, window))
+        per_msg.unpersist()
     summary["window"] = {
         "start": window.start.isoformat(),
         "end": window.end.isoformat(),
