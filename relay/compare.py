@@ -12,8 +12,9 @@ Faults (``FAULTS``), each lasting ``fault_s`` where it has a length:
   every connection cut at the proxy (an external broker);
 - ``drop``: the proxy swallows all traffic (publishes and acks silently lost), then
   cuts the connections;
-- ``db-kill``: pg_terminate_backend on the model's connections, repeatedly (model A:
-  the relay's marks fail between publish and mark);
+- ``db-kill``: model A's relay connection terminated between publish and mark, for
+  every mark during the fault (``MarkKiller``): the acked rows stay pending and the
+  sweeper publishes them again (JetStream drops the copies);
 - ``pause``: an `outbox relay` worker SIGSTOPped, then SIGCONTed (model A);
 - ``drop-ends``: end-transaction requests never leave the producer (model B).
 A fault that does not exist in a model is skipped there and reported as "n/a".
@@ -53,11 +54,11 @@ from relay.brokers.nats import create_stream
 from relay.coordinator import Coordinator, CoordinatorSettings
 from relay.embedded import NatsServer
 from relay.faults import (
+    MarkKiller,
     TcpProxy,
     kill_app_after_commit,
     kill_producer_after_commit,
     paused,
-    terminate_backends,
 )
 from relay.workload import business, orders, place_order
 
@@ -284,11 +285,6 @@ class Run:
             self.broker_down()
         elif name == "drop":
             self.proxy.drop_for(self.w.fault_s)
-        elif name == "db-kill":
-            deadline = time.monotonic() + self.w.fault_s
-            while time.monotonic() < deadline:
-                terminate_backends(self.db, self.app_name)
-                time.sleep(0.2)
         else:
             return False
         return True
@@ -364,6 +360,7 @@ class ModelA(Run):
     def __init__(self, db: str, nats_url: str, server: NatsServer | None, w: Workload) -> None:
         super().__init__("a", db, nats_url, server, w)
         self.broker = f"{self.via_proxy}?stream={self.stream}&subjects=cmp.a.>"
+        self.killer = MarkKiller(self.engine)  # before the relay starts: see its docstring
         self.ob = Outbox(self.engine, broker=self.broker, **QUICK_OUTBOX)
         self.worker: subprocess.Popen[bytes] | None = None
 
@@ -386,6 +383,11 @@ class ModelA(Run):
             return
         if name == "kill":
             kill_app_after_commit(self.db, self.broker, self.subject, KILLED_APP_MESSAGES)
+        elif name == "db-kill":
+            self.killer.arm()
+            time.sleep(self.w.fault_s)
+            self.killer.disarm()
+            log.info("model a: %d mark(s) killed", self.killer.killed)
         elif name == "pause" and self.worker is not None:
             with paused(self.worker.pid):
                 time.sleep(self.w.fault_s)
@@ -397,6 +399,7 @@ class ModelA(Run):
 
     def stop_parts(self) -> None:
         self.ob.stop()
+        self.killer.close()
         stop_worker(self.worker)
 
 

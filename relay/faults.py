@@ -8,7 +8,8 @@ lost) until it is set back and the connections are cut (as a middlebox would).
 
 The others: ``kill_app_after_commit`` (model A: SIGKILL with committed messages in
 memory), ``kill_producer_after_commit`` (model B: SIGKILL between the local commit
-and the end request), ``terminate_backends`` (the relay's DB connections killed),
+and the end request), ``MarkKiller`` (the relay's DB connection terminated between
+publish and mark),
 ``paused`` (SIGSTOP a worker, SIGCONT after).
 """
 
@@ -24,8 +25,9 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, event, text
 
 from relay.embedded import free_port
 
@@ -168,21 +170,53 @@ def kill_app_after_commit(db: str, broker: str, topic: str, count: int) -> None:
         raise RuntimeError(f"the app did not commit: {err[-2000:]}")
 
 
-def terminate_backends(db: str, application_name: str) -> int:
-    """pg_terminate_backend every connection that carries ``application_name``."""
-    engine = create_engine(db)
-    try:
-        with engine.connect() as conn:
-            killed = conn.execute(
-                text(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                    "WHERE application_name = :name AND pid <> pg_backend_pid()"
-                ),
-                {"name": application_name},
-            ).scalar_one()
-        return int(killed)
-    finally:
-        engine.dispose()
+class MarkKiller:
+    """Kills the relay's DB connection between publish and mark, every time it is armed.
+
+    The fast path marks acked rows from its ack thread (``outbox-acks``). While armed,
+    each statement on that thread first has its backend terminated (and waited for),
+    so the mark fails on a dead connection as it would after a database restart or a
+    network cut: the messages are at the broker and still pending in the table.
+    ``arm()`` kills every mark until ``disarm()``.
+
+    Make it before the relay starts: SQLAlchemy's event lists must not change while
+    other threads run statements, so the listener is never removed (``close()`` leaves
+    it disarmed).
+    """
+
+    THREAD = "outbox-acks"
+    _ALIVE = text("SELECT 1 FROM pg_stat_activity WHERE pid = :pid")
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.killed = 0  # mark statements whose connection was terminated
+        self.armed = False
+        # One pooled connection (a kill costs no connect); autocommit, so that each look
+        # at pg_stat_activity is a fresh snapshot, not the transaction's first one.
+        self._admin = create_engine(engine.url, pool_size=1, isolation_level="AUTOCOMMIT")
+        event.listen(engine, "before_cursor_execute", self._before)
+
+    def arm(self) -> None:
+        self.armed = True
+
+    def disarm(self) -> None:
+        self.armed = False
+
+    def close(self) -> None:
+        self.disarm()
+        self._admin.dispose()
+
+    def _before(self, conn: Any, cursor: Any, *_: Any) -> None:
+        if not self.armed or not threading.current_thread().name.startswith(self.THREAD):
+            return
+        self.killed += 1  # only the one ack thread gets here
+        pid = {"pid": cursor.connection.info.backend_pid}  # psycopg 3
+        with self._admin.connect() as admin:
+            admin.execute(text("SELECT pg_terminate_backend(:pid)"), pid)
+            # Gone before the mark is sent (pg_terminate_backend's own wait polls at 100 ms).
+            deadline = time.monotonic() + 5
+            while admin.execute(self._ALIVE, pid).first() and time.monotonic() < deadline:
+                time.sleep(0.001)
 
 
 @contextlib.contextmanager

@@ -45,6 +45,10 @@ def test_nothing_lost_nothing_phantom_under(
     assert duplicates == 0  # every redelivery fell inside JetStream's dedup window
     assert record.settle_s is not None, "everything committed before the fault's end arrived"
     assert result.committed_seen > 0
+    if isinstance(run, ModelA) and fault == "db-kill":
+        stats = run.ob.stats
+        assert run.killer.killed > 0 and stats is not None and stats.mark_failed > 0
+        print(f"  marks killed={run.killer.killed} acks left for the sweeper={stats.mark_failed}")
 
 
 def test_a_thousand_handlers_that_raise_leave_no_phantom(
