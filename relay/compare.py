@@ -18,6 +18,11 @@ Faults (``FAULTS``), each lasting ``fault_s`` where it has a length:
 - ``pause``: an `outbox relay` worker SIGSTOPped, then SIGCONTed (model A);
 - ``drop-ends``: end-transaction requests never leave the producer (model B).
 A fault that does not exist in a model is skipped there and reported as "n/a".
+
+Poison (``poison_rate``): that share of the transactions, all through the run, carries
+a payload the broker refuses for good (over nats-server's 1 MB max_payload, under
+``send()``'s 1 MiB limit). Model A commits it and dead-letters it after
+``max_attempts``; model B's half send fails, so the transaction never runs.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from outbox.halfop import (
     SqlTransactionListener,
     TransactionProducer,
 )
-from outbox.table import outbox_message, transaction_record
+from outbox.table import DEAD, outbox_message, transaction_record
 from relay.brokers.nats import create_stream
 from relay.coordinator import Coordinator, CoordinatorSettings
 from relay.embedded import NatsServer
@@ -82,7 +87,10 @@ QUICK_OUTBOX: dict[str, Any] = {
     "backoff_base_s": 0.2,
     "backoff_cap_s": 2.0,
     "publish_timeout_s": 2.0,
+    "max_attempts": 8,  # a poison row is dead about 10 s after its commit
 }
+# Passes send() (1 MiB limit) but, with its headers, exceeds nats-server's 1 MB max_payload.
+POISON = b"x" * (1024 * 1024)
 QUICK_COORDINATOR = CoordinatorSettings(check_interval_s=0.5, transaction_timeout_s=1.0)
 
 
@@ -91,6 +99,7 @@ class Workload:
     transactions: int = 2000
     concurrency: int = 4
     rollback_rate: float = 0.1
+    poison_rate: float = 0.0
     payload_size: int = 200
     rate: float = 200.0  # transactions per second offered, all threads together
     faults: tuple[str, ...] = ()
@@ -103,14 +112,20 @@ class Workload:
             raise ValueError(f"faults: unknown {unknown}; known: {sorted(FAULTS)}")
         if self.transactions < 1 or self.concurrency < 1 or self.rate <= 0:
             raise ValueError("transactions, concurrency and rate must be positive")
-        if not 0 <= self.rollback_rate < 1:
-            raise ValueError("rollback_rate must be in [0, 1)")
+        for name in ("rollback_rate", "poison_rate"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1)")
 
     def payload(self, i: int) -> bytes:
+        if self.poisoned(i):
+            return POISON
         return (f'{{"order":{i},"pad":"' + "x" * self.payload_size + '"}').encode()
 
     def rolls_back(self, i: int) -> bool:
         return random.Random(self.seed * 1_000_003 + i).random() < self.rollback_rate
+
+    def poisoned(self, i: int) -> bool:
+        return random.Random(self.seed * 7_000_003 + i).random() < self.poison_rate
 
 
 @dataclass
@@ -130,6 +145,8 @@ class RunResult:
     committed_seen: int = 0  # transactions the workload saw commit
     rolled_back: int = 0
     failed: int = 0  # the transaction raised for another reason (a fault)
+    poisoned: int = 0  # transactions offered with a poison payload
+    dead: int = 0  # committed messages dead-lettered (model A)
     statements: int = 0  # DB statements issued by this process for the run
     check_backs: int = 0
     faults: list[FaultRecord] = field(default_factory=list)
@@ -246,6 +263,7 @@ class Run:
             next_at += interval
             outcome = transaction(i)
             with self._lock:
+                self.result.poisoned += self.w.poisoned(i)
                 if outcome == "committed":
                     self.result.committed_seen += 1
                 elif outcome == "rolled back":
@@ -294,6 +312,10 @@ class Run:
         with self.engine.connect() as conn:
             return {str(m) for m in conn.execute(select(self.ledger)).scalars()}
 
+    def dead_ids(self) -> set[str]:
+        """msg_ids of committed messages given up for good (model A's dead rows)."""
+        return set()
+
     def committed_ids_soon(self) -> set[str]:
         """committed_ids, retried while a fault's aftermath still breaks connections."""
         for _ in range(20):
@@ -304,9 +326,9 @@ class Run:
         return self.committed_ids()
 
     def wait_settled(self) -> None:
-        """Until every committed message is at the broker (or the timeout)."""
+        """Until every committed message is at the broker or dead (or the timeout)."""
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
-        while self.delivered.settled_at(self.committed_ids()) is None:
+        while self.delivered.settled_at(self.committed_ids() - self.dead_ids()) is None:
             if time.monotonic() > deadline:
                 log.warning("model %s: not everything settled in time", self.model)
                 return
@@ -326,6 +348,7 @@ class Run:
             self.delivered.stop()
             self.proxy.stop()
         self.record_settles()
+        self.result.dead = len(self.dead_ids())
         self.result.statements = self.statements()
         self.result.ended = datetime.now(UTC)
         self.engine.dispose()
@@ -349,13 +372,19 @@ class Run:
         raise NotImplementedError
 
     def record_settles(self) -> None:
+        dead = self.dead_ids()
         for record, ids in self._pending_settles:
-            at = self.delivered.settled_at(ids)
+            at = self.delivered.settled_at(ids - dead)
             record.settle_s = None if at is None else max(0.0, at - record.ended_at)
 
 
 class ModelA(Run):
     ledger = outbox_message.c.msg_id
+
+    def dead_ids(self) -> set[str]:
+        query = select(self.ledger).where(outbox_message.c.status == DEAD)
+        with self.engine.connect() as conn:
+            return {str(m) for m in conn.execute(query).scalars()}
 
     def __init__(self, db: str, nats_url: str, server: NatsServer | None, w: Workload) -> None:
         super().__init__("a", db, nats_url, server, w)

@@ -19,6 +19,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from outbox.errors import PayloadTooLarge
 from outbox.halfop import (
     CHECK_MAX_TOPIC,
     CHECK_SUBJECT,
@@ -36,6 +37,7 @@ from outbox.halfop import (
     message_from_half,
 )
 from relay.brokers.base import Broker, PublishResult
+from relay.brokers.nats import too_large
 from relay.loop import BrokerLoop
 
 log = logging.getLogger("relay.halfop")
@@ -121,8 +123,11 @@ class ProducerLink:
         nc = self._conn.nc
         if nc is None or not nc.is_connected:
             raise ConnectionError("not connected to NATS")
+        headers = half_headers(msg, self.group)
+        if error := too_large(nc, msg.payload, headers):
+            raise PayloadTooLarge("payload", error)  # the server's limit, below send()'s
         ack = await nc.jetstream().publish(
-            HALF_TOPIC, msg.payload, timeout=timeout, headers=half_headers(msg, self.group)
+            HALF_TOPIC, msg.payload, timeout=timeout, headers=headers
         )
         return int(ack.seq)
 

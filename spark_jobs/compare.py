@@ -36,6 +36,7 @@ ROWS = (
     ("lost", "lost"),
     ("duplicated", "duplicated at the broker"),
     ("phantom", "phantom"),
+    ("dead", "dead-lettered"),
     ("latency_p50_ms", "commit -> broker p50 (ms)"),
     ("latency_p99_ms", "commit -> broker p99 (ms)"),
     ("broker_writes_per_message", "broker writes per committed message"),
@@ -46,6 +47,7 @@ ROWS = (
     ("discarded", "discarded halfs (B)"),
     ("rolled_back", "rolled back by the app"),
     ("failed", "transactions failed by a fault"),
+    ("poisoned", "poison transactions offered"),
 )
 
 
@@ -66,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=4, help="app threads")
     parser.add_argument("--rate", type=float, default=200.0, help="transactions/s offered")
     parser.add_argument("--rollback-rate", type=float, default=0.1, help="0 <= r < 1")
+    parser.add_argument(
+        "--poison-rate",
+        type=float,
+        default=0.0,
+        help="0 <= r < 1: share of transactions whose message the broker refuses for good",
+    )
     parser.add_argument("--payload-size", type=int, default=200, help="bytes of padding")
     parser.add_argument(
         "--faults",
@@ -83,6 +91,7 @@ def workload_of(args: argparse.Namespace) -> Workload:
         transactions=args.transactions,
         concurrency=args.concurrency,
         rollback_rate=args.rollback_rate,
+        poison_rate=args.poison_rate,
         payload_size=args.payload_size,
         rate=args.rate,
         faults=names,
@@ -125,6 +134,7 @@ def figures(result: RunResult, summary: dict[str, Any], broker_writes: int) -> d
         "check_backs": result.check_backs,
         "rolled_back": result.rolled_back,
         "failed": result.failed,
+        "poisoned": result.poisoned,
         "latency_histogram": summary.get("latency_histogram", []),
         "faults": {f.name: (None if f.skipped else f.settle_s) for f in result.faults},
         "skipped_faults": [f.name for f in result.faults if f.skipped],
@@ -199,11 +209,12 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child{{t
 <h1>Model A (outbox) and model B (half/op), same workload</h1>
 <p>{workload.transactions} transactions per model, {workload.concurrency} threads,
 {workload.rate:g} tx/s offered, rollback rate {workload.rollback_rate:g},
-payload {workload.payload_size} B of padding.</p>
+poison rate {workload.poison_rate:g}, payload {workload.payload_size} B of padding.</p>
 <table id="side-by-side"><thead><tr><th>figure</th><th>model A: outbox</th>
 <th>model B: half/op</th></tr></thead><tbody>{rows}</tbody></table>
 <h2>Seconds to settle after each fault</h2>
-<p>From the fault's end until every message committed by then was at the broker.</p>
+<p>From the fault's end until every message committed by then was at the broker
+(dead-lettered poison aside).</p>
 <table id="faults"><thead><tr><th>fault ({workload.fault_s:g} s)</th><th>model A</th>
 <th>model B</th></tr></thead><tbody>{faults}</tbody></table>
 <h2>Commit to broker latency (ms)</h2>

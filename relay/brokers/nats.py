@@ -111,13 +111,8 @@ class NatsBroker(Broker):
         assert self._js is not None
         headers = relay_headers(message)
         headers[DEDUP_HEADER] = message.msg_id
-        size = len(message.payload) + header_size(headers)
-        if self._nc is not None and size > self._nc.max_payload:
-            # Sent anyway, the server would close the connection and fail every
-            # publish in flight with it: refuse it here, alone.
-            return permanent(
-                f"MaxPayloadError: {size} bytes > server max_payload {self._nc.max_payload}"
-            )
+        if self._nc is not None and (error := too_large(self._nc, message.payload, headers)):
+            return permanent(error)
         try:
             ack = await self._js.publish(message.topic, message.payload, headers=headers)
         except PERMANENT_ERRORS as exc:
@@ -141,6 +136,18 @@ class NatsBroker(Broker):
 
     async def _on_reconnected(self) -> None:
         log.info("nats %s: reconnected", mask_url(self.url))
+
+
+def too_large(nc: Client, payload: bytes, headers: dict[str, str]) -> str | None:
+    """Why the server would refuse this message for its size, or None.
+
+    Sent anyway, the server closes the connection and every publish in flight on it
+    fails: so an oversize message is refused before it is sent, alone.
+    """
+    size = len(payload) + header_size(headers)
+    if size <= nc.max_payload:
+        return None
+    return f"MaxPayloadError: {size} bytes > server max_payload {nc.max_payload}"
 
 
 def header_size(headers: dict[str, str]) -> int:

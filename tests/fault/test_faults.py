@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, migrate
+from outbox.table import outbox_message
 from relay.brokers.nats import read_stream
-from relay.compare import FAULTS, ModelA, ModelB, Run, Workload
+from relay.compare import FAULTS, POISON, ModelA, ModelB, Run, Workload
 from relay.embedded import NatsServer
 from tests.helpers import wait_until
 
@@ -23,10 +25,12 @@ SCENARIOS = [(model, fault) for fault, models in FAULTS.items() for model in mod
 
 
 def outcome(run: Run, server: NatsServer) -> tuple[set[str], set[str], int]:
-    """(lost, phantom, duplicates) of a finished run."""
-    committed = run.committed_ids()
+    """(lost, phantom, duplicates) of a finished run; a dead-lettered message is not lost."""
+    committed, dead = run.committed_ids(), run.dead_ids()
     stored = [m.msg_id or "" for m in asyncio.run(read_stream(server.url, run.stream))]
-    return committed - set(stored), set(stored) - committed, len(stored) - len(set(stored))
+    assert not dead & set(stored), "a dead-lettered message reached the broker"
+    lost = committed - dead - set(stored)
+    return lost, set(stored) - committed, len(stored) - len(set(stored))
 
 
 @pytest.mark.parametrize(("model", "fault"), SCENARIOS)
@@ -79,3 +83,44 @@ def test_a_thousand_handlers_that_raise_leave_no_phantom(
     stored = asyncio.run(read_stream(nats_server.url, name))
     assert raised == 900
     assert len(stored) == 100, "only the 100 committed handlers' messages, no phantom"
+
+
+@pytest.mark.parametrize("model", ["a", "b"])
+def test_poison_mixed_into_healthy_traffic(
+    model: str, pg_url: str, nats_server: NatsServer
+) -> None:
+    """One transaction in ten carries a message the broker refuses for good.
+
+    Model A commits it and dead-letters exactly those rows while every healthy message
+    is delivered once; model B's half send fails, so exactly those transactions fail.
+    How much poison slows the healthy messages is measured by bench/poison.py.
+    """
+    migrate.upgrade(pg_url)
+    workload = Workload(transactions=300, rate=150, poison_rate=0.1)
+    run: Run = (ModelA if model == "a" else ModelB)(pg_url, nats_server.url, nats_server, workload)
+    result = run.run()
+    lost, phantom, duplicates = outcome(run, nats_server)
+    print(f"model {model} poison: offered={result.poisoned} dead={result.dead} "
+          f"failed={result.failed} lost={len(lost)} phantom={len(phantom)}")  # fmt: skip
+    assert not lost and not phantom and duplicates == 0
+    assert result.poisoned > 0
+    if isinstance(run, ModelA):
+        assert run.dead_ids() == poison_rows(pg_url), "exactly the poison rows are dead"
+        assert result.dead == result.poisoned - poison_rolled_back(workload)
+    else:
+        assert result.failed == result.poisoned and result.dead == 0
+
+
+def poison_rows(db: str) -> set[str]:
+    engine = create_engine(db)
+    query = select(outbox_message.c.msg_id).where(
+        func.length(outbox_message.c.payload) == len(POISON)
+    )
+    with engine.connect() as conn:
+        rows = {str(m) for m in conn.execute(query).scalars()}
+    engine.dispose()
+    return rows
+
+
+def poison_rolled_back(w: Workload) -> int:
+    return sum(w.poisoned(i) and w.rolls_back(i) for i in range(w.transactions))
