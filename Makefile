@@ -44,4 +44,5 @@ bench: $(STAMP) services
 	$(PY) -m bench.fast_path $(BENCH_ARGS)
 	$(PY) -m bench.sweeper
 	$(PY) -m bench.halfop
+	$(PY) -m bench.poison
 	$(PY) -m bench.reconcile

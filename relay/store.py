@@ -102,6 +102,13 @@ def db_clock(conn: Connection) -> datetime:
     return now if now.tzinfo else now.replace(tzinfo=UTC)
 
 
+# Payloads up to this size come with the claim; bigger ones are loaded afterwards, a
+# few at a time (load_payloads): decoding a result of many MiB holds the GIL for tens
+# of milliseconds, and the fast path shares the process.
+INLINE_PAYLOAD_BYTES = 64 * 1024
+LOAD_PAYLOAD_BYTES = 4 * 1024 * 1024
+
+
 def claim_due_stmt(
     cutoff: datetime, now: datetime, limit: int, due_only: bool = True, after_id: int | None = None
 ) -> Select[Any]:
@@ -109,24 +116,47 @@ def claim_due_stmt(
 
     SKIP LOCKED lets any number of sweepers run at once: each takes rows no other
     transaction holds. No id cursor: a row that commits late (a long transaction)
-    is found by its created_at like any other.
+    is found by its created_at like any other. ``payload`` is NULL above
+    INLINE_PAYLOAD_BYTES (``size`` says how big it is): see load_payloads.
     """
+    size = func.length(t.c.payload)
+    columns = [
+        *(c for c in t.c if c.name != "payload"),
+        case((size <= INLINE_PAYLOAD_BYTES, t.c.payload)).label("payload"),
+        size.label("size"),
+    ]
     due = or_(t.c.next_attempt_at.is_(None), t.c.next_attempt_at <= now) if due_only else true()
     if after_id is not None:  # a drain: each row once, in id order
         return (
-            select(t)
+            select(*columns)
             .where(t.c.status == PENDING, t.c.created_at < cutoff, t.c.id > after_id)
             .order_by(t.c.id)
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
     return (
-        select(t)
+        select(*columns)
         .where(t.c.status == PENDING, t.c.created_at < cutoff, due)
         .order_by(t.c.created_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
+
+
+def load_payloads(conn: Connection, rows: Sequence[Any]) -> dict[int, bytes]:
+    """-- load_payloads -- the payloads a claim left out, LOAD_PAYLOAD_BYTES per query."""
+    payloads: dict[int, bytes] = {}
+    group: list[int] = []
+    group_bytes = 0
+    for row in rows:
+        if row.payload is None and row.size:
+            group.append(row.id)
+            group_bytes += row.size
+        if group and (group_bytes >= LOAD_PAYLOAD_BYTES or row is rows[-1]):
+            found = conn.execute(select(t.c.id, t.c.payload).where(t.c.id.in_(group)))
+            payloads.update((r.id, bytes(r.payload)) for r in found)
+            group, group_bytes = [], 0
+    return payloads
 
 
 def record_failures_stmt() -> Update:

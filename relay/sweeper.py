@@ -89,7 +89,8 @@ class Sweeper:
                     return SweepResult()
                 if cursor is not None:
                     cursor.advance(max(row.id for row in rows))
-                results = self._publish([message_of(row) for row in rows])
+                big = store.load_payloads(conn, rows)
+                results = self._publish([message_of(row, big.get(row.id)) for row in rows])
                 if results is None:
                     raise _BrokerUnreachable
                 result = self._record(conn, rows, results)
@@ -223,11 +224,12 @@ class Cursor:
             self.claimed_up_to = max(self.claimed_up_to, row_id)
 
 
-def message_of(row: Row[Any]) -> Message:
+def message_of(row: Row[Any], payload: bytes | None = None) -> Message:
+    """The message of a claimed row; ``payload`` when the claim left it out."""
     return Message(
         msg_id=str(row.msg_id),
         topic=row.topic,
-        payload=bytes(row.payload),
+        payload=bytes(row.payload if payload is None else payload),
         key=row.key,
         tags=row.tags,
         headers=dict(row.headers or {}),

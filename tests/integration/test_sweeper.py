@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine, func, select, text, update
+from sqlalchemy import Engine, create_engine, event, func, select, text, update
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, migrate, outbox_message
@@ -278,3 +278,30 @@ def test_a_drain_tries_each_failing_row_once(engine: Engine, loops: list[BrokerL
     assert (result.sent, result.failed) == (120, 30)
     with engine.connect() as conn:
         assert conn.execute(select(func.max(t.c.attempts))).scalar_one() == 1
+
+
+def test_big_payloads_are_loaded_after_the_claim_a_few_at_a_time(
+    engine: Engine, loops: list[BrokerLoop]
+) -> None:
+    """Payloads over 64 KiB come in queries of about 4 MiB, not with the claim: a claim of
+    many MiB would hold the GIL for tens of milliseconds in one go. Each arrives intact."""
+    big = [bytes([65 + i]) * (1024 * 1024) for i in range(5)]
+    small = commit_messages(engine, 2, payload=b'{"small":1}')
+    large = [commit_messages(engine, 1, payload=p)[0] for p in big]
+    age_rows(engine)
+    broker = MemoryBroker()
+    selects: list[str] = []
+
+    def count(conn: object, cursor: object, statement: str, *_: object) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "payload" in statement:
+            selects.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        assert Sweeper(engine, running(broker, loops), QUICK).sweep_once().sent == 7
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    published = {m.msg_id: m.payload for m in broker.published}
+    assert [published[m] for m in large] == big
+    assert all(published[m] == b'{"small":1}' for m in small)
+    assert len(selects) == 3, "the claim, then 4 x 1 MiB, then the last 1 MiB"
