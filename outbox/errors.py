@@ -34,7 +34,8 @@ class InvalidPayload(InvalidMessage):
 
 
 class PayloadTooLarge(InvalidMessage):
-    """The serialised payload is above ``max_payload_bytes``."""
+    """The serialised payload is above ``max_payload_bytes`` (at ``send()``), or, with its
+    headers, above the broker's own limit (model B's half send, which is refused)."""
 
 
 class InvalidHeaders(InvalidMessage):

@@ -125,7 +125,7 @@ class ProducerLink:
             raise ConnectionError("not connected to NATS")
         headers = half_headers(msg, self.group)
         if error := too_large(nc, msg.payload, headers):
-            raise PayloadTooLarge("payload", error)  # the server's limit, below send()'s
+            raise PayloadTooLarge("payload", error)  # with the headers, over the server's limit
         ack = await nc.jetstream().publish(
             HALF_TOPIC, msg.payload, timeout=timeout, headers=headers
         )

@@ -7,7 +7,7 @@ an operator or another relay already finished is never changed again.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -102,11 +102,12 @@ def db_clock(conn: Connection) -> datetime:
     return now if now.tzinfo else now.replace(tzinfo=UTC)
 
 
-# Payloads up to this size come with the claim; bigger ones are loaded afterwards, a
-# few at a time (load_payloads): decoding a result of many MiB holds the GIL for tens
-# of milliseconds, and the fast path shares the process.
-INLINE_PAYLOAD_BYTES = 64 * 1024
+# A claim brings payloads up to LOAD_PAYLOAD_BYTES / limit each (so at most about 4 MiB
+# in all); bigger ones are loaded afterwards, about 4 MiB per query (load_payloads):
+# decoding a result of many MiB holds the GIL for tens of milliseconds, and the fast
+# path shares the process.
 LOAD_PAYLOAD_BYTES = 4 * 1024 * 1024
+MIN_INLINE_BYTES = 1024
 
 
 def claim_due_stmt(
@@ -116,13 +117,14 @@ def claim_due_stmt(
 
     SKIP LOCKED lets any number of sweepers run at once: each takes rows no other
     transaction holds. No id cursor: a row that commits late (a long transaction)
-    is found by its created_at like any other. ``payload`` is NULL above
-    INLINE_PAYLOAD_BYTES (``size`` says how big it is): see load_payloads.
+    is found by its created_at like any other. ``payload`` is NULL when it is bigger
+    than its share of LOAD_PAYLOAD_BYTES (``size`` says how big): see load_payloads.
     """
     size = func.length(t.c.payload)
+    inline = max(MIN_INLINE_BYTES, LOAD_PAYLOAD_BYTES // limit)
     columns = [
         *(c for c in t.c if c.name != "payload"),
-        case((size <= INLINE_PAYLOAD_BYTES, t.c.payload)).label("payload"),
+        case((size <= inline, t.c.payload)).label("payload"),
         size.label("size"),
     ]
     due = or_(t.c.next_attempt_at.is_(None), t.c.next_attempt_at <= now) if due_only else true()
@@ -144,19 +146,30 @@ def claim_due_stmt(
 
 
 def load_payloads(conn: Connection, rows: Sequence[Any]) -> dict[int, bytes]:
-    """-- load_payloads -- the payloads a claim left out, LOAD_PAYLOAD_BYTES per query."""
+    """-- load_payloads -- the payloads a claim left out, about LOAD_PAYLOAD_BYTES per query."""
     payloads: dict[int, bytes] = {}
+    for ids in payload_groups(rows):
+        found = conn.execute(select(t.c.id, t.c.payload).where(t.c.id.in_(ids)))
+        payloads.update((r.id, bytes(r.payload)) for r in found)
+        if missing := set(ids) - payloads.keys():
+            raise LookupError(f"claimed rows {sorted(missing)} not found for their payloads")
+    return payloads
+
+
+def payload_groups(rows: Sequence[Any]) -> Iterator[list[int]]:
+    """Ids of the rows without a payload, in groups of at most LOAD_PAYLOAD_BYTES (or one row)."""
     group: list[int] = []
     group_bytes = 0
     for row in rows:
-        if row.payload is None and row.size:
-            group.append(row.id)
-            group_bytes += row.size
-        if group and (group_bytes >= LOAD_PAYLOAD_BYTES or row is rows[-1]):
-            found = conn.execute(select(t.c.id, t.c.payload).where(t.c.id.in_(group)))
-            payloads.update((r.id, bytes(r.payload)) for r in found)
+        if row.payload is not None:
+            continue
+        if group and group_bytes + row.size > LOAD_PAYLOAD_BYTES:
+            yield group
             group, group_bytes = [], 0
-    return payloads
+        group.append(row.id)
+        group_bytes += row.size
+    if group:
+        yield group
 
 
 def record_failures_stmt() -> Update:

@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for quiet in ("alembic", "outbox.halfop", "py4j", "nats"):
+    for quiet in ("alembic", "apscheduler", "outbox.halfop", "py4j", "nats"):
         logging.getLogger(quiet).setLevel(logging.WARNING)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.pool import NullPool
 
 from outbox import migrate
 from outbox.config import scratch_schema
@@ -31,6 +32,27 @@ def pg_url() -> Iterator[str]:
 @pytest.fixture
 def sqlite_url(tmp_path: os.PathLike[str]) -> str:
     return f"sqlite:///{tmp_path}/outbox.sqlite"
+
+
+@pytest.fixture
+def mariadb_url() -> Iterator[str]:
+    """A MariaDB database of this test's own."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(MARIADB_URL, poolclass=NullPool)
+    with admin.begin() as conn:
+        conn.execute(text(f"CREATE DATABASE `{name}`"))
+    try:
+        yield MARIADB_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP DATABASE `{name}`"))
+        admin.dispose()
+
+
+@pytest.fixture(params=["postgresql", "sqlite", "mariadb"])
+def any_db(request: pytest.FixtureRequest) -> str:
+    fixture = {"postgresql": "pg_url", "sqlite": "sqlite_url", "mariadb": "mariadb_url"}
+    return str(request.getfixturevalue(fixture[request.param]))
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])

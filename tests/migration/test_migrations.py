@@ -5,12 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
@@ -18,31 +15,9 @@ from sqlalchemy.pool import NullPool
 
 from outbox import migrate
 from outbox.table import metadata
-from tests.conftest import MARIADB_URL
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTBOX_TABLES = {"outbox_message", "outbox_transaction_record", migrate.VERSION_TABLE}
-
-
-@pytest.fixture
-def mariadb_url() -> Iterator[str]:
-    """A MariaDB database of this test's own."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(MARIADB_URL, poolclass=NullPool)
-    with admin.begin() as conn:
-        conn.execute(text(f"CREATE DATABASE `{name}`"))
-    try:
-        yield MARIADB_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f"DROP DATABASE `{name}`"))
-        admin.dispose()
-
-
-@pytest.fixture(params=["postgresql", "sqlite", "mariadb"])
-def any_db(request: pytest.FixtureRequest) -> str:
-    fixture = {"postgresql": "pg_url", "sqlite": "sqlite_url", "mariadb": "mariadb_url"}
-    return str(request.getfixturevalue(fixture[request.param]))
 
 
 def tables(url: str) -> set[str]:
