@@ -31,7 +31,6 @@ from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, migrate
-from outbox.config import Settings
 from outbox.table import PENDING, outbox_message
 from relay.compare import KILLED_APP_MESSAGES, QUICK_OUTBOX
 from relay.faults import MarkKiller, TcpProxy, kill_app_after_commit
@@ -40,7 +39,8 @@ from tests.helpers import wait_until
 from tests.servers import RedisServer
 
 RABBIT = "amqp://guest:guest@127.0.0.1:5672/"
-MAX_IN_FLIGHT = 64
+MAX_IN_FLIGHT = 16
+SWEEP_BATCH = 16  # small, so that the drop's bound (64) is below the 300 messages sent
 MESSAGES = 300
 FAULT_S = 2.0
 
@@ -138,7 +138,7 @@ def inject(fault: str, broker: Broker, killer: MarkKiller, pg_url: str, topic: s
         return KILLED_APP_MESSAGES
     if fault == "drop":
         broker.proxy.drop_for(FAULT_S)
-        return 2 * (MAX_IN_FLIGHT + Settings().sweep_batch)
+        return 2 * (MAX_IN_FLIGHT + SWEEP_BATCH)
     killer.arm()
     time.sleep(FAULT_S)
     killer.disarm()
@@ -160,13 +160,21 @@ def test_duplicates_bounded_by_the_in_flight_count(
     # given up (mark_failed) or written well within the sweeper's age, never both
     # published again and marked late.
     ob = Outbox(
-        engine, broker=broker.url, **QUICK_OUTBOX, max_in_flight=MAX_IN_FLIGHT, ack_flush_ms=200
+        engine,
+        broker=broker.url,
+        **QUICK_OUTBOX,
+        max_in_flight=MAX_IN_FLIGHT,
+        sweep_batch=SWEEP_BATCH,
+        ack_flush_ms=200,
     )
     ob.start()
     traffic = threading.Thread(target=send_paced, args=(ob, topic, MESSAGES, 150.0))
     try:
         traffic.start()
-        time.sleep(0.5)  # the fault strikes with traffic flowing
+        wait_until(
+            lambda: ob.stats is not None and ob.stats.published >= 50,
+            what="traffic flowing before the fault",
+        )
         bound = inject(fault, broker, killer, pg_url, topic)
         traffic.join()
         wait_until(lambda: pending(engine) == 0, timeout=90, what="every row marked")
