@@ -13,6 +13,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, insert
+from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from outbox import tracing
@@ -115,6 +116,11 @@ class Outbox:
         """
         if inspect.iscoroutinefunction(fn):
             raise ConfigError("transactional: async functions are not supported; use a sync one")
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            # Its body would run after the transaction closed: nothing it sends would commit.
+            raise ConfigError(
+                "transactional: generator functions are not supported; return a value instead"
+            )
 
         @functools.wraps(fn)
         def run_in_transaction(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -203,7 +209,12 @@ class Outbox:
             raise ConfigError(
                 f"session: must be a sqlalchemy.orm.Session, got {type(session).__name__}"
             )
-        bind = session.get_bind(clause=outbox_message)
+        try:
+            bind = session.get_bind(clause=outbox_message)
+        except UnboundExecutionError:
+            raise ConfigError(
+                "session: is bound to no database; create it with Session(engine)"
+            ) from None
         engine = bind.engine if isinstance(bind, Connection) else bind
         if engine is not self.engine and engine.url != self.engine.url:
             raise WrongDatabase(

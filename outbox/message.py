@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 import uuid
@@ -13,16 +14,31 @@ from dataclasses import dataclass, field
 from outbox.errors import (
     InvalidHeaders,
     InvalidKey,
+    InvalidMessage,
     InvalidPayload,
     InvalidTags,
     InvalidTopic,
     PayloadTooLarge,
 )
 
-MAX_TEXT = 255  # topic, key and joined tags share the column width
+MAX_TEXT_BYTES = 255  # AMQP's routing key and header names are short strings of 255 bytes
 CONTENT_TYPE = "content-type"
+# Headers the relay adds beside the app's own (relay.brokers); they count toward the size.
+KEY_HEADER = "Outbox-Key"
+TAGS_HEADER = "Outbox-Tags"
+DEDUP_HEADER = "Nats-Msg-Id"
 # Headers the relay sets itself; an app setting them would break dedup or routing.
 RESERVED_HEADER_PREFIXES = ("nats-", "outbox-")
+# RabbitMQ routes a message to the routing keys in these headers too (sender-selected
+# distribution): through them a message would reach queues its topic does not.
+RESERVED_HEADER_NAMES = frozenset({"cc", "bcc"})
+# The NATS header block around the "Name: value\r\n" lines: b"NATS/1.0\r\n" ... b"\r\n".
+HEADER_BLOCK_FRAME = len(b"NATS/1.0\r\n\r\n")
+# RFC 7230 token characters: what nats-py accepts as a header name (BadHeaderError else).
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# Control characters (Unicode Cc) and surrogates: a NATS header line ends at CR or LF,
+# and a surrogate has no UTF-8 form.
+BAD_VALUE_CHAR = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,57 +68,79 @@ def build_message(
     topic, key, tags = check_topic(topic), check_key(key), check_tags(tags)
     all_headers = check_headers(headers)
     body, content_type = encode_payload(payload)
-    if len(body) > max_payload_bytes:
-        raise PayloadTooLarge(
-            "payload", f"must be at most {max_payload_bytes} bytes once encoded, got {len(body)}"
-        )
     if content_type and CONTENT_TYPE not in {name.lower() for name in all_headers}:
         all_headers[CONTENT_TYPE] = content_type
-    return Message(str(uuid7()), topic, body, key, tags, all_headers)
+    message = Message(str(uuid7()), topic, body, key, tags, all_headers)
+    check_size(message, max_payload_bytes)
+    return message
 
 
-def recheck(message: Message) -> None:
+def recheck(message: object, max_payload_bytes: int | None = None) -> None:
     """Check a stored message (a row planted by hand or by an older version) against the
-    contract ``send()`` enforces; raises an ``InvalidMessage`` subclass when it breaks it.
+    contract ``send()`` enforces; raises an ``InvalidMessage`` subclass when it breaks it,
+    and nothing else, whatever the fields hold. The size is checked when a limit is given.
 
     The relay calls this before publishing a row it did not build itself, so such a row
     fails alone instead of breaking its batch.
     """
+    if not isinstance(message, Message):
+        raise InvalidMessage("message", f"must be a Message, got {type(message).__name__}")
+    check_msg_id(message.msg_id)
     check_topic(message.topic)
     check_key(message.key)
     if message.tags is not None:
+        if not isinstance(message.tags, str):
+            raise InvalidTags("tags", "must be stored as a comma-joined string")
         check_tags(message.tags.split(","))
     check_headers(message.headers)
     if not isinstance(message.payload, bytes):
         raise InvalidPayload("payload", "must be stored as bytes")
+    if max_payload_bytes is not None:
+        check_size(message, max_payload_bytes)
+
+
+def check_msg_id(msg_id: object) -> str:
+    if isinstance(msg_id, str):
+        try:
+            return str(uuid.UUID(msg_id))
+        except ValueError:
+            pass
+    raise InvalidMessage("msg_id", f"must be a UUID string, got {msg_id!r}")
 
 
 def check_topic(topic: object) -> str:
-    """Topics follow NATS subject rules, the strictest of the supported brokers."""
+    """NATS subject rules (the strictest broker), in at most 255 bytes (AMQP's routing key)."""
     if not isinstance(topic, str) or not topic:
         raise InvalidTopic("topic", "must be a non-empty string")
-    if len(topic) > MAX_TEXT:
-        raise InvalidTopic("topic", f"must be at most {MAX_TEXT} characters")
+    if len(topic) > MAX_TEXT_BYTES:
+        _check_text_bytes(InvalidTopic, "topic", topic)
     if any(ch.isspace() or not ch.isprintable() for ch in topic):
-        raise InvalidTopic("topic", f"must not contain spaces or control characters: {topic!r}")
+        raise InvalidTopic(
+            "topic", f"must not contain spaces, control or unprintable characters: {topic!r}"
+        )
     if "*" in topic or ">" in topic:
         raise InvalidTopic("topic", f"must not contain the wildcards '*' or '>': {topic!r}")
-    if "" in topic.split("."):
+    tokens = topic.split(".")
+    if "" in tokens:
         raise InvalidTopic(
             "topic", f"must not have empty tokens ('..' or a dot at an end): {topic!r}"
         )
+    if topic.startswith("$") or tokens[0].upper() == "_INBOX":
+        raise InvalidTopic(
+            "topic", f"must not start with '$' or '_INBOX': NATS reserves them: {topic!r}"
+        )
+    _check_text_bytes(InvalidTopic, "topic", topic)
     return topic
 
 
 def check_key(key: object) -> str | None:
+    """The key travels as a header value (``Outbox-Key``), so it follows those rules."""
     if key is None:
         return None
     if not isinstance(key, str) or not key:
         raise InvalidKey("key", "must be a non-empty string or None")
-    if len(key) > MAX_TEXT:
-        raise InvalidKey("key", f"must be at most {MAX_TEXT} characters")
-    if not key.isprintable():
-        raise InvalidKey("key", "must not contain control characters")
+    _check_text_bytes(InvalidKey, "key", key)
+    _check_header_value(InvalidKey, "key", key)
     return key
 
 
@@ -117,50 +155,136 @@ def check_tags(tags: object) -> str | None:
         if not isinstance(tag, str) or not tag:
             raise InvalidTags("tags", f"each tag must be a non-empty string, got {tag!r}")
         if "," in tag or any(ch.isspace() or not ch.isprintable() for ch in tag):
-            raise InvalidTags("tags", f"a tag must not contain commas or spaces: {tag!r}")
+            raise InvalidTags(
+                "tags", f"a tag must not contain commas, spaces or unprintable characters: {tag!r}"
+            )
     joined = ",".join(items)
-    if len(joined) > MAX_TEXT:
-        raise InvalidTags("tags", f"must be at most {MAX_TEXT} characters joined")
+    _check_text_bytes(InvalidTags, "tags", joined, "joined with commas")
     return joined
 
 
 def check_headers(headers: object) -> dict[str, str]:
+    """Names are RFC 7230 tokens, unique ignoring case; values are one-line text."""
     if headers is None:
         return {}
     if not isinstance(headers, Mapping):
         raise InvalidHeaders("headers", "must be a mapping of strings to strings")
     checked: dict[str, str] = {}
+    seen: set[str] = set()
     for name, value in headers.items():
-        if not isinstance(name, str) or not name:
-            raise InvalidHeaders("headers", f"names must be non-empty strings, got {name!r}")
-        if ":" in name or any(ch.isspace() or not ch.isprintable() for ch in name):
-            raise InvalidHeaders(
-                "headers", f"name must not contain ':', spaces or controls: {name!r}"
-            )
-        if name.lower().startswith(RESERVED_HEADER_PREFIXES):
-            raise InvalidHeaders("headers", f"name {name!r} uses a prefix the relay reserves")
+        lowered = check_header_name(name)
+        if lowered in seen:
+            raise InvalidHeaders("headers", f"name {name!r} is given twice (names ignore case)")
+        seen.add(lowered)
         if not isinstance(value, str):
             raise InvalidHeaders("headers", f"value of {name!r} must be a string, got {value!r}")
-        if "\r" in value or "\n" in value:
-            raise InvalidHeaders("headers", f"value of {name!r} must not contain line breaks")
+        _check_header_value(InvalidHeaders, "headers", value, f"value of {name!r}")
         checked[name] = value
     return checked
+
+
+def check_header_name(name: object) -> str:
+    """The name in lower case, once it is one an app may set."""
+    if not isinstance(name, str) or not name:
+        raise InvalidHeaders("headers", f"names must be non-empty strings, got {name!r}")
+    if len(name) > MAX_TEXT_BYTES or not HEADER_NAME.fullmatch(name):
+        raise InvalidHeaders(
+            "headers",
+            f"name must be 1 to {MAX_TEXT_BYTES} of the ASCII letters, digits and "
+            f"!#$%&'*+-.^_`|~ (an HTTP token; no ':', spaces or controls): {name!r}",
+        )
+    lowered = name.lower()
+    if lowered.startswith(RESERVED_HEADER_PREFIXES) or lowered in RESERVED_HEADER_NAMES:
+        raise InvalidHeaders("headers", f"name {name!r} is reserved by the relay or a broker")
+    return lowered
+
+
+def _check_header_value(
+    error: type[InvalidMessage], field_name: str, value: str, what: str = "value"
+) -> None:
+    if bad := BAD_VALUE_CHAR.search(value):
+        raise error(
+            field_name,
+            f"{what} must not contain control characters or surrogates, got {bad.group()!r}",
+        )
+    if value != value.strip():
+        raise error(field_name, f"{what} must not begin or end with whitespace (NATS strips it)")
+
+
+def _check_text_bytes(
+    error: type[InvalidMessage], field_name: str, text: str, how: str = ""
+) -> None:
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise error(field_name, "must be valid Unicode text (no lone surrogates)") from None
+    if size > MAX_TEXT_BYTES:
+        raise error(
+            field_name,
+            f"must be at most {MAX_TEXT_BYTES} bytes in UTF-8{' ' + how if how else ''}, "
+            f"got {size}",
+        )
 
 
 def encode_payload(payload: object) -> tuple[bytes, str | None]:
     """bytes as they are, str as UTF-8, anything else as JSON; returns (body, content type)."""
     if isinstance(payload, bytes | bytearray | memoryview):
-        return bytes(payload), None
-    if isinstance(payload, str):
         try:
-            return payload.encode("utf-8"), "text/plain; charset=utf-8"
-        except UnicodeEncodeError as exc:
-            raise InvalidPayload("payload", f"str must be encodable as UTF-8: {exc}") from None
+            return bytes(payload), None
+        except (TypeError, ValueError) as exc:  # e.g. a released memoryview
+            raise InvalidPayload("payload", f"cannot be read as bytes: {exc}") from None
+    if isinstance(payload, str):
+        return _utf8(payload), "text/plain; charset=utf-8"
     try:
         text = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except RecursionError:
+        raise InvalidPayload("payload", "is nested too deeply to encode as JSON") from None
     except (TypeError, ValueError) as exc:
         raise InvalidPayload("payload", f"must be bytes, str or JSON-serialisable: {exc}") from None
-    return text.encode("utf-8"), "application/json"
+    return _utf8(text), "application/json"
+
+
+def _utf8(text: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidPayload("payload", f"text must be encodable as UTF-8: {exc}") from None
+
+
+def check_size(message: Message, max_payload_bytes: int) -> None:
+    """The payload and every header, as the relay sends them, fit ``max_payload_bytes``.
+
+    The default of 1 MiB is nats-server's default ``max_payload``, which counts the
+    header block too: what ``send()`` accepts then fits the broker.
+    """
+    size = encoded_size(message)
+    if size > max_payload_bytes:
+        raise PayloadTooLarge(
+            "payload",
+            f"with its headers must be at most {max_payload_bytes} bytes once encoded, "
+            f"got {size} ({len(message.payload)} of payload)",
+        )
+
+
+def encoded_size(message: Message) -> int:
+    """Bytes of the message on the wire to NATS: payload plus the header block of the app's
+    headers and those the relay adds (key, tags, ``Nats-Msg-Id``)."""
+    return len(message.payload) + header_size(sent_headers(message))
+
+
+def sent_headers(message: Message) -> dict[str, str]:
+    headers = dict(message.headers)
+    if message.key is not None:
+        headers[KEY_HEADER] = message.key
+    if message.tags is not None:
+        headers[TAGS_HEADER] = message.tags
+    headers[DEDUP_HEADER] = message.msg_id
+    return headers
+
+
+def header_size(headers: Mapping[str, str]) -> int:
+    """Bytes of the NATS header block: 'NATS/1.0' line, 'Name: value' lines, blank line."""
+    return HEADER_BLOCK_FRAME + sum(len(f"{k}: {v}\r\n".encode()) for k, v in headers.items())
 
 
 _uuid_lock = threading.Lock()

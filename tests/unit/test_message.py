@@ -18,11 +18,11 @@ from outbox.errors import (
     OutboxError,
     PayloadTooLarge,
 )
-from outbox.message import build_message, encode_payload, uuid7
+from outbox.message import Message, build_message, encode_payload, encoded_size, recheck, uuid7
 
 
 def build(topic: object = "orders.created", payload: object = b"x", **kw: object):  # type: ignore[no-untyped-def]
-    return build_message(topic, payload, max_payload_bytes=kw.pop("max_payload_bytes", 100), **kw)  # type: ignore[arg-type]
+    return build_message(topic, payload, max_payload_bytes=kw.pop("max_payload_bytes", 1000), **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -39,6 +39,15 @@ def build(topic: object = "orders.created", payload: object = b"x", **kw: object
         (".orders", "empty tokens"),
         ("orders.", "empty tokens"),
         ("o" * 256, "at most 255"),
+        ("é" * 128, "at most 255 bytes in UTF-8, got 256"),  # 128 characters
+        ("orders\u00a0created", "spaces"),
+        ("orders\u200bcreated", "unprintable"),
+        ("orders.\ud800", "unprintable"),
+        ("$JS.API.STREAM.DELETE.ORDERS", "reserves"),
+        ("$SYS.REQ.SERVER.PING", "reserves"),
+        ("$KV.bucket.key", "reserves"),
+        ("_INBOX.abc", "reserves"),
+        ("_inbox", "reserves"),
     ],
 )
 def test_bad_topic_names_field_and_rule(topic: object, rule: str) -> None:
@@ -71,12 +80,49 @@ def test_unserialisable_payload(payload: object) -> None:
     assert err.value.field == "payload"
 
 
+def test_topic_of_255_bytes_is_accepted() -> None:
+    assert build("é" * 127 + "x").topic == "é" * 127 + "x"
+    assert build("a.$b._INBOX").topic == "a.$b._INBOX", "only the first token is reserved"
+
+
+def nested(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("payload", [nested(100_000), "a\udc80b", {"k": "\ud83d"}, ["\udfff"]])
+def test_payload_that_cannot_be_encoded_is_refused(payload: object) -> None:
+    with pytest.raises(InvalidPayload) as err:
+        build(payload=payload)
+    assert err.value.field == "payload"
+
+
+def test_size_limit_counts_payload_and_every_header_as_sent() -> None:
+    msg = build(payload=b"x" * 10, key="k", tags=["a"], headers={"h": "é"})
+    wire = {"h": "é", "Outbox-Key": "k", "Outbox-Tags": "a", "Nats-Msg-Id": msg.msg_id}
+    block = b"NATS/1.0\r\n" + b"".join(f"{k}: {v}\r\n".encode() for k, v in wire.items())
+    assert encoded_size(msg) == 10 + len(block + b"\r\n")
+    exact = encoded_size(msg)
+    kwargs: dict[str, object] = {"key": "k", "tags": ["a"], "headers": {"h": "é"}}
+    assert build(payload=b"x" * 10, max_payload_bytes=exact, **kwargs).payload == b"x" * 10
+    rule = f"at most {exact - 1} bytes once encoded, got {exact}"
+    with pytest.raises(PayloadTooLarge, match=rule):
+        build(payload=b"x" * 10, max_payload_bytes=exact - 1, **kwargs)
+
+
+def test_headers_alone_can_exceed_the_limit() -> None:
+    with pytest.raises(PayloadTooLarge) as err:
+        build(payload=b"", headers={"big": "v" * 2000})
+    assert err.value.field == "payload"
+
+
 def test_payload_limit_counts_encoded_bytes() -> None:
-    assert len(build(payload=b"x" * 100).payload) == 100
-    with pytest.raises(PayloadTooLarge, match="at most 100 bytes once encoded, got 101"):
-        build(payload=b"x" * 101)
+    plain = encoded_size(build(payload=b""))
     with pytest.raises(PayloadTooLarge):
-        build(payload="é" * 51)  # 51 characters, 102 bytes
+        build(payload="é" * 51, max_payload_bytes=plain + 100)  # 51 characters, 102 bytes
+    assert build(payload="é" * 50, max_payload_bytes=plain + 200).payload == "é".encode() * 50
 
 
 @pytest.mark.parametrize(
@@ -84,12 +130,24 @@ def test_payload_limit_counts_encoded_bytes() -> None:
     [
         ({1: "x"}, "names must be non-empty strings"),
         ({"": "x"}, "names must be non-empty strings"),
-        ({"a b": "x"}, "must not contain"),
-        ({"a:b": "x"}, "must not contain"),
+        ({"a b": "x"}, "HTTP token"),
+        ({"a:b": "x"}, "HTTP token"),
+        ({"a/b": "x"}, "HTTP token"),
+        ({"é": "x"}, "HTTP token"),
+        ({"h" * 256: "x"}, "1 to 255"),
+        ({"trace": "  v  "}, "whitespace"),
+        ({"trace": "v\t"}, "control"),
+        ({"trace": "a\x00b"}, "control"),
+        ({"trace": "a\ud800b"}, "surrogates"),
+        ({"Trace": "1", "trace": "2"}, "twice"),
+        ({"CC": "other.queue"}, "reserved"),
+        ({"bcc": "other.queue"}, "reserved"),
+        ({"Outbox-Key": "x"}, "reserved"),
         ({"trace": 1}, "must be a string"),
         ({"trace": b"x"}, "must be a string"),
-        ({"trace": "a\r\nInjected: 1"}, "line breaks"),
-        ({"Nats-Msg-Id": "x"}, "reserves"),
+        ({"trace": "a\r\nInjected: 1"}, "control"),
+        ({"Nats-Msg-Id": "x"}, "reserved"),
+        ({"nats-rollup": "all"}, "reserved"),
         (["a", "b"], "mapping"),
     ],
 )
@@ -99,7 +157,12 @@ def test_bad_headers(headers: object, rule: str) -> None:
     assert err.value.field == "headers"
 
 
-@pytest.mark.parametrize("key", ["", 5, "k" * 256, "a\nb"])
+def test_header_values_keep_inner_spaces_and_any_text() -> None:
+    headers = {"a": "x  y", "b": "", "c": "żółw 🐢", "d": "=?utf-8?b?aGk=?=", "e": "a\u00a0b"}
+    assert {k: v for k, v in build(headers=headers).headers.items()} == headers
+
+
+@pytest.mark.parametrize("key", ["", 5, "k" * 256, "é" * 128, "a\nb", " k", "k ", "\udc00"])
 def test_bad_key(key: object) -> None:
     with pytest.raises(InvalidKey) as err:
         build(key=key)
@@ -147,3 +210,62 @@ def test_uuid7_unique_across_threads() -> None:
     for t in threads:
         t.join()
     assert len(set(seen)) == 16_000
+
+
+def stored(**fields: object) -> Message:
+    good: dict[str, object] = {
+        "msg_id": str(uuid7()), "topic": "t.a", "payload": b"x", "key": None, "tags": None,
+        "headers": {},
+    }  # fmt: skip
+    return Message(**{**good, **fields})  # type: ignore[arg-type]
+
+
+def test_recheck_passes_what_send_builds() -> None:
+    msg = build(payload={"a": 1}, key="k", tags=["x", "y"], headers={"h": "v"})
+    recheck(msg)
+    recheck(msg, max_payload_bytes=encoded_size(msg))
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"msg_id": "nope"}, InvalidMessage),
+        ({"msg_id": None}, InvalidMessage),
+        ({"topic": "$JS.API.STREAM.DELETE.X"}, InvalidTopic),
+        ({"topic": 7}, InvalidTopic),
+        ({"key": " k"}, InvalidKey),
+        ({"key": 3}, InvalidKey),
+        ({"tags": "a,,b"}, InvalidTags),
+        ({"tags": ["a"]}, InvalidTags),
+        ({"tags": 5}, InvalidTags),
+        ({"headers": [["a", "b"]]}, InvalidHeaders),
+        ({"headers": {"a": None}}, InvalidHeaders),
+        ({"headers": {"a": 1}}, InvalidHeaders),
+        ({"headers": {"a": {"b": "c"}}}, InvalidHeaders),
+        ({"headers": {"Nats-Rollup": "all"}}, InvalidHeaders),
+        ({"headers": None}, None),
+        ({"headers": 5}, InvalidHeaders),
+        ({"payload": "text"}, InvalidPayload),
+        ({"payload": None}, InvalidPayload),
+    ],
+)
+def test_recheck_refuses_rows_that_break_the_contract(
+    fields: dict[str, object], error: type[InvalidMessage] | None
+) -> None:
+    if error is None:
+        recheck(stored(**fields))
+        return
+    with pytest.raises(error):
+        recheck(stored(**fields))
+
+
+def test_recheck_checks_the_size_when_given_a_limit() -> None:
+    msg = stored(payload=b"x" * 2000)
+    recheck(msg)
+    with pytest.raises(PayloadTooLarge):
+        recheck(msg, max_payload_bytes=2000)
+
+
+def test_recheck_refuses_what_is_not_a_message() -> None:
+    with pytest.raises(InvalidMessage):
+        recheck({"topic": "t.a"})
