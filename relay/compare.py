@@ -20,8 +20,9 @@ Faults (``FAULTS``), each lasting ``fault_s`` where it has a length:
 A fault that does not exist in a model is skipped there and reported as "n/a".
 
 Poison (``poison_rate``): that share of the transactions, all through the run, carries
-a payload the broker refuses for good (1 MiB: the most ``send()`` takes, and with the
-headers over nats-server's max_payload of 1 MiB). Model A commits it and dead-letters
+a payload the broker refuses for good (1 MiB: with the headers over nats-server's
+max_payload of 1 MiB; the run's outbox raises ``max_payload_bytes`` to 2 MiB, as an app
+may, so that ``send()`` takes it). Model A commits it and dead-letters
 it after ``max_attempts``; model B's half send fails, so the transaction never runs.
 Only those dead rows are excused: any other dead row counts as lost.
 """
@@ -89,8 +90,9 @@ QUICK_OUTBOX: dict[str, Any] = {
     "backoff_cap_s": 2.0,
     "publish_timeout_s": 2.0,
     "max_attempts": 8,  # a poison row is dead about 10 s after its commit
+    "max_payload_bytes": 2 * 1024 * 1024,  # so that send() takes the poison (see POISON)
 }
-# Passes send() (at most 1 MiB) but, with its headers, exceeds nats-server's 1 MiB max_payload.
+# With the raised limit, passes send() but exceeds nats-server's 1 MiB max_payload.
 POISON = b"x" * (1024 * 1024)
 QUICK_COORDINATOR = CoordinatorSettings(check_interval_s=0.5, transaction_timeout_s=1.0)
 
@@ -444,7 +446,10 @@ class ModelB(Run):
             self.engine, place_order, group="compare", rollback_after_s=5.0
         )
         self.producer = TransactionProducer(
-            group="compare", broker=self.via_proxy, listener=listener
+            group="compare",
+            broker=self.via_proxy,
+            listener=listener,
+            max_payload_bytes=QUICK_OUTBOX["max_payload_bytes"],
         )
         self.coordinator = Coordinator(self.via_proxy, QUICK_COORDINATOR)
 

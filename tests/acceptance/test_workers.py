@@ -40,7 +40,7 @@ def test_four_workers_drain_20000_rows_each_published_once(pg_url: str) -> None:
     with engine.begin() as conn:
         for start in range(0, 20_000, 5000):
             batch = [
-                build_message("backlog.orders", {"n": n}, max_payload_bytes=100)
+                build_message("backlog.orders", {"n": n}, max_payload_bytes=1000)
                 for n in range(start, start + 5000)
             ]
             conn.execute(

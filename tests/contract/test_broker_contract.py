@@ -90,7 +90,7 @@ def redis_harness(server: RedisServer, prefix: str) -> Harness:
         client = redis.Redis.from_url(server.url)
         client.set(topic, "not a stream")  # XADD to it fails with WRONGTYPE
         client.close()
-        return build_message(topic, b"x", max_payload_bytes=100)
+        return build_message(topic, b"x", max_payload_bytes=1000)
 
     return Harness(
         "redis", prefix, lambda: broker_for(server.url), read, poison, dedup=False, server=server
@@ -139,7 +139,7 @@ def rabbit_harness(proxy: TcpProxy, prefix: str) -> Harness:
         prefix,
         lambda: broker_for(url),
         read,
-        lambda topic: build_message(topic, b"x", max_payload_bytes=10),
+        lambda topic: build_message(topic, b"x", max_payload_bytes=1000),
         dedup=False,
         server=proxy,
         ordered_receipts=False,
@@ -171,7 +171,7 @@ def memory_harness(prefix: str) -> Harness:
         prefix,
         make,
         read,
-        lambda topic: build_message(topic, b"x", max_payload_bytes=10),
+        lambda topic: build_message(topic, b"x", max_payload_bytes=1000),
         True,
     )
 
@@ -229,7 +229,7 @@ def messages(topic: str, n: int) -> list[Message]:
             key=f"k{i}",
             tags=["a", "b"],
             headers={"trace": f"t{i}"},
-            max_payload_bytes=100,
+            max_payload_bytes=1000,
         )
         for i in range(n)
     ]

@@ -33,7 +33,7 @@ RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
 
 def messages(topic: str, n: int) -> list[Message]:
-    return [build_message(topic, {"n": i}, key=f"k{i}", max_payload_bytes=100) for i in range(n)]
+    return [build_message(topic, {"n": i}, key=f"k{i}", max_payload_bytes=1000) for i in range(n)]
 
 
 def publish(broker: Broker, *batches: Sequence[Message]) -> list[PublishResult]:

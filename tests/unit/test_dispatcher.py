@@ -38,7 +38,7 @@ class Finisher:
 
 
 def messages(n: int) -> list[Message]:
-    return [build_message("t.x", f"m{i}", max_payload_bytes=100) for i in range(n)]
+    return [build_message("t.x", f"m{i}", max_payload_bytes=1000) for i in range(n)]
 
 
 @pytest.fixture
