@@ -22,6 +22,9 @@ from outbox.errors import (
 )
 
 MAX_TEXT_BYTES = 255  # AMQP's routing key and header names are short strings of 255 bytes
+# RabbitMQ carries all headers in one frame of at most frame_max (128 KiB by default) and
+# closes the connection on a larger one; half of it leaves room for AMQP's own framing.
+MAX_HEADER_BYTES = 64 * 1024
 CONTENT_TYPE = "content-type"
 # Headers the relay adds beside the app's own (relay.brokers); they count toward the size.
 KEY_HEADER = "Outbox-Key"
@@ -179,6 +182,8 @@ def check_headers(headers: object) -> dict[str, str]:
         if not isinstance(value, str):
             raise InvalidHeaders("headers", f"value of {name!r} must be a string, got {value!r}")
         _check_header_value(InvalidHeaders, "headers", value, f"value of {name!r}")
+        if lowered == CONTENT_TYPE:  # AMQP's content_type property is a short string
+            _check_text_bytes(InvalidHeaders, "headers", value, f"for the value of {name!r}")
         checked[name] = value
     return checked
 
@@ -214,6 +219,7 @@ def _check_header_value(
 def _check_text_bytes(
     error: type[InvalidMessage], field_name: str, text: str, how: str = ""
 ) -> None:
+    """Valid UTF-8 of at most ``MAX_TEXT_BYTES``; ``how`` says what was measured."""
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
@@ -252,12 +258,19 @@ def _utf8(text: str) -> bytes:
 
 
 def check_size(message: Message, max_payload_bytes: int) -> None:
-    """The payload and every header, as the relay sends them, fit ``max_payload_bytes``.
+    """The headers, as the relay sends them, fit ``MAX_HEADER_BYTES``, and with the payload
+    ``max_payload_bytes``.
 
     The default of 1 MiB is nats-server's default ``max_payload``, which counts the
     header block too: what ``send()`` accepts then fits the broker.
     """
-    size = encoded_size(message)
+    headers = header_size(sent_headers(message))
+    if headers > MAX_HEADER_BYTES:
+        raise InvalidHeaders(
+            "headers",
+            f"must be at most {MAX_HEADER_BYTES} bytes in all once encoded, got {headers}",
+        )
+    size = len(message.payload) + headers
     if size > max_payload_bytes:
         raise PayloadTooLarge(
             "payload",

@@ -18,7 +18,15 @@ from outbox.errors import (
     OutboxError,
     PayloadTooLarge,
 )
-from outbox.message import Message, build_message, encode_payload, encoded_size, recheck, uuid7
+from outbox.message import (
+    MAX_HEADER_BYTES,
+    Message,
+    build_message,
+    encode_payload,
+    encoded_size,
+    recheck,
+    uuid7,
+)
 
 
 def build(topic: object = "orders.created", payload: object = b"x", **kw: object):  # type: ignore[no-untyped-def]
@@ -116,6 +124,23 @@ def test_headers_alone_can_exceed_the_limit() -> None:
     with pytest.raises(PayloadTooLarge) as err:
         build(payload=b"", headers={"big": "v" * 2000})
     assert err.value.field == "payload"
+
+
+def test_headers_are_capped_below_rabbitmqs_frame() -> None:
+    """RabbitMQ closes the connection on a header frame over 128 KiB (FRAME_ERROR)."""
+    big = 2 * 1024 * 1024
+    fits = build(headers={"h": "v" * 60_000}, max_payload_bytes=big)
+    assert len(fits.headers["h"]) == 60_000
+    with pytest.raises(InvalidHeaders, match=f"at most {MAX_HEADER_BYTES} bytes in all"):
+        build(headers={"h": "v" * MAX_HEADER_BYTES}, max_payload_bytes=big)
+    with pytest.raises(InvalidHeaders, match=f"at most {MAX_HEADER_BYTES} bytes in all"):
+        build(headers={f"h{i}": "v" * 1000 for i in range(70)}, max_payload_bytes=big)
+
+
+def test_content_type_fits_amqps_short_string() -> None:
+    assert build(headers={"Content-Type": "t" * 255}).headers["Content-Type"] == "t" * 255
+    with pytest.raises(InvalidHeaders, match="at most 255 bytes"):
+        build(headers={"content-type": "é" * 128})
 
 
 def test_payload_limit_counts_encoded_bytes() -> None:
