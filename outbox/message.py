@@ -22,9 +22,9 @@ from outbox.errors import (
 )
 
 MAX_TEXT_BYTES = 255  # AMQP's routing key and header names are short strings of 255 bytes
-# RabbitMQ carries all headers in one frame of at most frame_max (128 KiB by default) and
-# closes the connection on a larger one; half of it leaves room for AMQP's own framing.
-MAX_HEADER_BYTES = 64 * 1024
+# JetStream refuses a header block over 65,535 bytes (a 16-bit length); RabbitMQ, which
+# carries all headers in one frame of at most frame_max (128 KiB by default), has room.
+MAX_HEADER_BYTES = 65_535
 CONTENT_TYPE = "content-type"
 # Headers the relay adds beside the app's own (relay.brokers); they count toward the size.
 KEY_HEADER = "Outbox-Key"

@@ -126,8 +126,9 @@ def test_headers_alone_can_exceed_the_limit() -> None:
     assert err.value.field == "payload"
 
 
-def test_headers_are_capped_below_rabbitmqs_frame() -> None:
-    """RabbitMQ closes the connection on a header frame over 128 KiB (FRAME_ERROR)."""
+def test_headers_are_capped_at_what_jetstream_takes() -> None:
+    """JetStream refuses a header block over 65,535 bytes (error 10097); RabbitMQ closes the
+    connection on a header frame over frame_max, 128 KiB (FRAME_ERROR)."""
     big = 2 * 1024 * 1024
     fits = build(headers={"h": "v" * 60_000}, max_payload_bytes=big)
     assert len(fits.headers["h"]) == 60_000
