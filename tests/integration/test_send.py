@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -13,7 +13,9 @@ from sqlalchemy.orm import Session
 
 from outbox import Outbox, outbox_message
 from outbox.errors import (
+    ConfigError,
     InvalidHeaders,
+    InvalidKey,
     InvalidMessage,
     InvalidPayload,
     InvalidTopic,
@@ -194,6 +196,15 @@ BAD_INPUTS = [
     pytest.param({"payload": b"x" * 1001}, PayloadTooLarge, "payload", id="too-large"),
     pytest.param({"headers": {"n": 1}}, InvalidHeaders, "headers", id="header-value"),
     pytest.param({"headers": {2: "v"}}, InvalidHeaders, "headers", id="header-name"),
+    pytest.param({"topic": "$JS.API.STREAM.DELETE.ORDERS"}, InvalidTopic, "topic", id="nats-api"),
+    pytest.param({"topic": "é" * 200}, InvalidTopic, "topic", id="topic-over-255-bytes"),
+    pytest.param({"headers": {"a/b": "v"}}, InvalidHeaders, "headers", id="header-not-token"),
+    pytest.param({"headers": {"h": "  v  "}}, InvalidHeaders, "headers", id="header-edge-space"),
+    pytest.param({"headers": {"h": "\udc00"}}, InvalidHeaders, "headers", id="header-surrogate"),
+    pytest.param({"headers": {"h": "v" * 999}}, PayloadTooLarge, "payload", id="headers-count"),
+    pytest.param({"key": "\udc00"}, InvalidKey, "key", id="key-surrogate"),
+    pytest.param({"payload": ["\udc00"]}, InvalidPayload, "payload", id="json-surrogate"),
+    pytest.param({"payload": "\udc00"}, InvalidPayload, "payload", id="str-surrogate"),
 ]
 
 
@@ -223,6 +234,27 @@ def test_session_of_another_database_is_refused(
         pytest.raises(WrongDatabase, match="session: bound to"),
     ):
         ob.send(session, "warehouse.inbound", b"x")
+    assert rows(engine) == []
+
+
+def test_session_bound_to_nothing_is_refused(ob: Outbox, engine: Engine) -> None:
+    with Session() as session, pytest.raises(ConfigError, match="session: is bound to no"):
+        ob.send(session, "warehouse.inbound", b"x")
+    assert rows(engine) == []
+
+
+def test_generator_functions_are_refused_at_decoration(ob: Outbox, engine: Engine) -> None:
+    """Their body would run after the transaction closed: the msg_ids of nothing committed."""
+
+    def handler(session: Session) -> Iterator[str]:
+        yield ob.send(session, "warehouse.inbound", b"x")
+
+    async def async_handler(session: Session) -> AsyncIterator[str]:
+        yield ob.send(session, "warehouse.inbound", b"x")
+
+    for fn in (handler, async_handler):
+        with pytest.raises(ConfigError, match="generator functions are not supported"):
+            ob.transactional(fn)  # type: ignore[arg-type]
     assert rows(engine) == []
 
 
