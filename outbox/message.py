@@ -103,12 +103,13 @@ def recheck(message: object, max_payload_bytes: int | None = None) -> None:
 
 
 def check_msg_id(msg_id: object) -> str:
-    if isinstance(msg_id, str):
-        try:
-            return str(uuid.UUID(msg_id))
-        except ValueError:
-            pass
-    raise InvalidMessage("msg_id", f"must be a UUID string, got {msg_id!r}")
+    """A UUID in its canonical form: the relay publishes the id exactly as stored."""
+    try:
+        if isinstance(msg_id, str) and str(uuid.UUID(msg_id)) == msg_id:
+            return msg_id
+    except ValueError:
+        pass
+    raise InvalidMessage("msg_id", f"must be a UUID in canonical form, got {msg_id!r}")
 
 
 def check_topic(topic: object) -> str:

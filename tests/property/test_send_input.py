@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 from sqlalchemy import Engine, select
@@ -14,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from outbox import Outbox, outbox_message
 from outbox.config import Settings
-from outbox.errors import InvalidMessage, OutboxError
+from outbox.errors import ConfigError, InvalidMessage, OutboxError
 from outbox.message import Message, build_message, encoded_size, recheck
 from relay.sweeper import message_of
 from tests.property import strategies as s
@@ -136,3 +137,10 @@ def test_recheck_raises_only_invalid_message_and_agrees_with_send(
         topic, key, tags, headers, payload,
     )  # fmt: skip
     assert encoded_size(built) == encoded_size(row)
+
+
+@s.PROPERTY
+@given(session=anything)
+def test_send_refuses_what_is_not_a_session(sqlite_engine: Engine, session: Any) -> None:
+    with pytest.raises(ConfigError, match="session: must be a "):
+        Outbox(sqlite_engine).send(session, "t.a", b"x")

@@ -257,6 +257,8 @@ def test_recheck_passes_what_send_builds() -> None:
     [
         ({"msg_id": "nope"}, InvalidMessage),
         ({"msg_id": None}, InvalidMessage),
+        ({"msg_id": "urn:uuid:0190a0e4-0000-7000-8000-000000000000"}, InvalidMessage),
+        ({"msg_id": "0190A0E4-0000-7000-8000-000000000000"}, InvalidMessage),
         ({"topic": "$JS.API.STREAM.DELETE.X"}, InvalidTopic),
         ({"topic": 7}, InvalidTopic),
         ({"key": " k"}, InvalidKey),
