@@ -90,8 +90,8 @@ class Outbox:
     ) -> str:
         """Write one message in ``session``'s transaction and return its msg_id (UUIDv7).
 
-        Input is checked before any SQL runs: an ``outbox.errors.InvalidMessage``
-        leaves the transaction as it was. The message is published only after the
+        Input is checked before any SQL runs (the rules: docs/input.md): an
+        ``outbox.errors.InvalidMessage`` leaves the transaction as it was. The message is published only after the
         transaction commits; a rollback (of it, or of the savepoint it was sent in)
         discards it.
         """
@@ -242,4 +242,8 @@ def with_trace_context(headers: object) -> object:
         return headers
     if headers is None:
         return context
-    return {**context, **headers} if isinstance(headers, Mapping) else headers
+    if not isinstance(headers, Mapping):
+        return headers
+    # Names are unique ignoring case: the caller's "Traceparent" replaces "traceparent".
+    given = {name.lower() for name in headers if isinstance(name, str)}
+    return {**{k: v for k, v in context.items() if k.lower() not in given}, **headers}

@@ -8,6 +8,8 @@ import uuid
 
 import pytest
 
+from outbox import tracing
+from outbox.api import with_trace_context
 from outbox.errors import (
     InvalidHeaders,
     InvalidKey,
@@ -297,3 +299,15 @@ def test_recheck_checks_the_size_when_given_a_limit() -> None:
 def test_recheck_refuses_what_is_not_a_message() -> None:
     with pytest.raises(InvalidMessage):
         recheck({"topic": "t.a"})
+
+
+def test_trace_context_yields_to_the_callers_header_of_any_case(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    context = {"traceparent": "00-1-2-01", "tracestate": "a=1"}
+    monkeypatch.setattr(tracing, "context_headers", lambda: dict(context))
+    assert with_trace_context(None) == context
+    mine = {"TraceParent": "00-9-9-01"}
+    merged = with_trace_context(mine)
+    assert merged == {"tracestate": "a=1", "TraceParent": "00-9-9-01"}
+    assert build(headers=merged).headers == merged
