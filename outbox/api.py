@@ -91,9 +91,9 @@ class Outbox:
         """Write one message in ``session``'s transaction and return its msg_id (UUIDv7).
 
         Input is checked before any SQL runs (the rules: docs/input.md): an
-        ``outbox.errors.InvalidMessage`` leaves the transaction as it was. The message is published only after the
-        transaction commits; a rollback (of it, or of the savepoint it was sent in)
-        discards it.
+        ``outbox.errors.InvalidMessage`` leaves the transaction as it was. The message
+        is published only after the transaction commits; a rollback (of it, or of the
+        savepoint it was sent in) discards it.
         """
         session = self._check_session(session)
         message = build_message(

@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from outbox.errors import (
     InvalidHeaders,
@@ -95,11 +95,11 @@ def recheck(message: object, max_payload_bytes: int | None = None) -> None:
         if not isinstance(message.tags, str):
             raise InvalidTags("tags", "must be stored as a comma-joined string")
         check_tags(message.tags.split(","))
-    check_headers(message.headers)
+    headers = check_headers(message.headers)  # None (a JSON null) is no headers
     if not isinstance(message.payload, bytes):
         raise InvalidPayload("payload", "must be stored as bytes")
     if max_payload_bytes is not None:
-        check_size(message, max_payload_bytes)
+        check_size(replace(message, headers=headers), max_payload_bytes)
 
 
 def check_msg_id(msg_id: object) -> str:

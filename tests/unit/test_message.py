@@ -294,6 +294,7 @@ def test_recheck_checks_the_size_when_given_a_limit() -> None:
     recheck(msg)
     with pytest.raises(PayloadTooLarge):
         recheck(msg, max_payload_bytes=2000)
+    recheck(stored(headers=None), max_payload_bytes=2000)  # a JSON null: no headers
 
 
 def test_recheck_refuses_what_is_not_a_message() -> None:
