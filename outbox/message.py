@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import reprlib
 import threading
 import time
 import uuid
@@ -39,6 +40,10 @@ RESERVED_HEADER_NAMES = frozenset({"cc", "bcc"})
 HEADER_BLOCK_FRAME = len(b"NATS/1.0\r\n\r\n")
 # RFC 7230 token characters: what nats-py accepts as a header name (BadHeaderError else).
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# Values in error messages: cut short, and safe from a __repr__ that raises.
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 80
+shown = _repr.repr
 # Control characters (Unicode Cc) and surrogates: a NATS header line ends at CR or LF,
 # and a surrogate has no UTF-8 form.
 BAD_VALUE_CHAR = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
@@ -109,7 +114,7 @@ def check_msg_id(msg_id: object) -> str:
             return msg_id
     except ValueError:
         pass
-    raise InvalidMessage("msg_id", f"must be a UUID in canonical form, got {msg_id!r}")
+    raise InvalidMessage("msg_id", f"must be a UUID in canonical form, got {shown(msg_id)}")
 
 
 def check_topic(topic: object) -> str:
@@ -120,18 +125,18 @@ def check_topic(topic: object) -> str:
         _check_text_bytes(InvalidTopic, "topic", topic)
     if any(ch.isspace() or not ch.isprintable() for ch in topic):
         raise InvalidTopic(
-            "topic", f"must not contain spaces, control or unprintable characters: {topic!r}"
+            "topic", f"must not contain spaces, control or unprintable characters: {shown(topic)}"
         )
     if "*" in topic or ">" in topic:
-        raise InvalidTopic("topic", f"must not contain the wildcards '*' or '>': {topic!r}")
+        raise InvalidTopic("topic", f"must not contain the wildcards '*' or '>': {shown(topic)}")
     tokens = topic.split(".")
     if "" in tokens:
         raise InvalidTopic(
-            "topic", f"must not have empty tokens ('..' or a dot at an end): {topic!r}"
+            "topic", f"must not have empty tokens ('..' or a dot at an end): {shown(topic)}"
         )
     if topic.startswith("$") or tokens[0].upper() == "_INBOX":
         raise InvalidTopic(
-            "topic", f"must not start with '$' or '_INBOX': NATS reserves them: {topic!r}"
+            "topic", f"must not start with '$' or '_INBOX': NATS reserves them: {shown(topic)}"
         )
     _check_text_bytes(InvalidTopic, "topic", topic)
     return topic
@@ -157,10 +162,11 @@ def check_tags(tags: object) -> str | None:
         raise InvalidTags("tags", "must be a string or a non-empty list of strings")
     for tag in items:
         if not isinstance(tag, str) or not tag:
-            raise InvalidTags("tags", f"each tag must be a non-empty string, got {tag!r}")
+            raise InvalidTags("tags", f"each tag must be a non-empty string, got {shown(tag)}")
         if "," in tag or any(ch.isspace() or not ch.isprintable() for ch in tag):
             raise InvalidTags(
-                "tags", f"a tag must not contain commas, spaces or unprintable characters: {tag!r}"
+                "tags",
+                f"a tag must not contain commas, spaces or unprintable characters: {shown(tag)}",
             )
     joined = ",".join(items)
     _check_text_bytes(InvalidTags, "tags", joined, "joined with commas")
@@ -178,13 +184,17 @@ def check_headers(headers: object) -> dict[str, str]:
     for name, value in headers.items():
         lowered = check_header_name(name)
         if lowered in seen:
-            raise InvalidHeaders("headers", f"name {name!r} is given twice (names ignore case)")
+            raise InvalidHeaders(
+                "headers", f"name {shown(name)} is given twice (names ignore case)"
+            )
         seen.add(lowered)
         if not isinstance(value, str):
-            raise InvalidHeaders("headers", f"value of {name!r} must be a string, got {value!r}")
-        _check_header_value(InvalidHeaders, "headers", value, f"value of {name!r}")
+            raise InvalidHeaders(
+                "headers", f"value of {shown(name)} must be a string, got {shown(value)}"
+            )
+        _check_header_value(InvalidHeaders, "headers", value, f"value of {shown(name)}")
         if lowered == CONTENT_TYPE:  # AMQP's content_type property is a short string
-            _check_text_bytes(InvalidHeaders, "headers", value, f"for the value of {name!r}")
+            _check_text_bytes(InvalidHeaders, "headers", value, f"for the value of {shown(name)}")
         checked[name] = value
     return checked
 
@@ -192,16 +202,16 @@ def check_headers(headers: object) -> dict[str, str]:
 def check_header_name(name: object) -> str:
     """The name in lower case, once it is one an app may set."""
     if not isinstance(name, str) or not name:
-        raise InvalidHeaders("headers", f"names must be non-empty strings, got {name!r}")
+        raise InvalidHeaders("headers", f"names must be non-empty strings, got {shown(name)}")
     if len(name) > MAX_TEXT_BYTES or not HEADER_NAME.fullmatch(name):
         raise InvalidHeaders(
             "headers",
             f"name must be 1 to {MAX_TEXT_BYTES} of the ASCII letters, digits and "
-            f"!#$%&'*+-.^_`|~ (an HTTP token; no ':', spaces or controls): {name!r}",
+            f"!#$%&'*+-.^_`|~ (an HTTP token; no ':', spaces or controls): {shown(name)}",
         )
     lowered = name.lower()
     if lowered.startswith(RESERVED_HEADER_PREFIXES) or lowered in RESERVED_HEADER_NAMES:
-        raise InvalidHeaders("headers", f"name {name!r} is reserved by the relay or a broker")
+        raise InvalidHeaders("headers", f"name {shown(name)} is reserved by the relay or a broker")
     return lowered
 
 
@@ -211,7 +221,7 @@ def _check_header_value(
     if bad := BAD_VALUE_CHAR.search(value):
         raise error(
             field_name,
-            f"{what} must not contain control characters or surrogates, got {bad.group()!r}",
+            f"{what} must not contain control characters or surrogates, got {shown(bad.group())}",
         )
     if value != value.strip():
         raise error(field_name, f"{what} must not begin or end with whitespace (NATS strips it)")

@@ -312,3 +312,26 @@ def test_trace_context_yields_to_the_callers_header_of_any_case(
     merged = with_trace_context(mine)
     assert merged == {"tracestate": "a=1", "TraceParent": "00-9-9-01"}
     assert build(headers=merged).headers == merged
+
+
+class Hostile:
+    def __repr__(self) -> str:
+        raise RuntimeError("repr")
+
+    def __str__(self) -> str:
+        raise RuntimeError("str")
+
+
+@pytest.mark.parametrize(
+    "override",
+    [{"tags": [Hostile()]}, {"headers": {"h": Hostile()}}, {"headers": {Hostile(): "v"}}],
+)
+def test_errors_name_even_a_value_whose_repr_raises(override: dict[str, object]) -> None:
+    with pytest.raises(InvalidMessage, match="Hostile"):
+        build(**override)
+
+
+def test_errors_show_a_long_value_cut_short() -> None:
+    with pytest.raises(InvalidTopic) as err:
+        build("a " * 100)
+    assert len(str(err.value)) < 200
