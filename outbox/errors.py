@@ -26,7 +26,7 @@ class InvalidMessage(OutboxError, ValueError):
 
 
 class InvalidTopic(InvalidMessage):
-    """The topic is empty or not a valid subject for the broker."""
+    """The topic is empty, not a valid subject for every broker, or one a broker reserves."""
 
 
 class InvalidPayload(InvalidMessage):
@@ -34,12 +34,13 @@ class InvalidPayload(InvalidMessage):
 
 
 class PayloadTooLarge(InvalidMessage):
-    """The serialised payload is above ``max_payload_bytes`` (at ``send()``), or, with its
-    headers, above the broker's own limit (model B's half send, which is refused)."""
+    """The payload with every header, as encoded for the broker, is above
+    ``max_payload_bytes`` (at ``send()``), or above the broker's own limit (model B's half
+    send, which is refused)."""
 
 
 class InvalidHeaders(InvalidMessage):
-    """A header name or value is not an acceptable string."""
+    """A header name or value is not acceptable, or the headers are too large in all."""
 
 
 class InvalidKey(InvalidMessage):
