@@ -35,6 +35,7 @@ from relay.brokers.base import (
     permanent,
     relay_headers,
     retry,
+    unexpected,
 )
 
 log = logging.getLogger("relay.brokers.nats")
@@ -48,6 +49,8 @@ PERMANENT_ERRORS = (
     nats.errors.BadHeaderError,
     nats.js.errors.BadRequestError,
 )
+# Subjects of the server's own APIs and of request replies: a message there is a command.
+RESERVED_SUBJECT_PREFIXES = ("$", "_INBOX.")
 
 
 class NatsBroker(Broker):
@@ -108,17 +111,24 @@ class NatsBroker(Broker):
         return list(await asyncio.gather(*(self._publish_one(m) for m in messages)))
 
     async def _publish_one(self, message: Message) -> PublishResult:
+        """One message's outcome; an exception about this message never escapes."""
         assert self._js is not None
-        headers = relay_headers(message)
-        headers[DEDUP_HEADER] = message.msg_id
-        if self._nc is not None and (error := too_large(self._nc, message.payload, headers)):
-            return permanent(error)
+        if message.topic.startswith(RESERVED_SUBJECT_PREFIXES):
+            return permanent(f"subject {message.topic!r} is reserved by the NATS server")
         try:
+            headers = relay_headers(message)
+            headers[DEDUP_HEADER] = message.msg_id
+            if self._nc is not None and (error := too_large(self._nc, message.payload, headers)):
+                return permanent(error)
             ack = await self._js.publish(message.topic, message.payload, headers=headers)
+        except (nats.js.errors.NoStreamResponseError, nats.errors.NoRespondersError):
+            return permanent(f"no JetStream stream captures subject {message.topic!r}")
         except PERMANENT_ERRORS as exc:
             return permanent(f"{type(exc).__name__}: {exc}")
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             return retry(f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # encoding, a client library's TypeError: this message's own
+            return unexpected(exc)
         return ok(f"{ack.stream}:{ack.seq}", duplicate=bool(ack.duplicate))
 
     async def close(self) -> None:
