@@ -96,11 +96,13 @@ def fields(message: Message) -> dict[str | bytes, str | bytes]:
     own message, not the pipeline (redis-py encodes when the pipeline is sent)."""
     if not isinstance(message.payload, bytes):
         raise TypeError(f"payload must be bytes, got {type(message.payload).__name__}")
-    headers = json.dumps(relay_headers(message), separators=(",", ":"))
+    headers = relay_headers(message)
+    for text in (*headers, *headers.values()):
+        text.encode()  # JSON would escape a lone surrogate that NATS and AMQP cannot carry
     return {
         "msg_id": message.msg_id.encode(),
         "payload": message.payload,
-        "headers": headers.encode(),
+        "headers": json.dumps(headers, separators=(",", ":")).encode(),
     }
 
 
