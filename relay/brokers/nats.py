@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -51,6 +52,9 @@ PERMANENT_ERRORS = (
 )
 # Subjects of the server's own APIs and of request replies: a message there is a command.
 RESERVED_SUBJECT_PREFIXES = ("$", "_INBOX.")
+# What a NATS header carries unchanged to nats-py readers (RFC 7230 token names; printable
+# ASCII values, which readers strip of outer spaces and parse as MIME when not ASCII).
+HEADER_NAME_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789" + string.ascii_letters)
 
 
 class NatsBroker(Broker):
@@ -118,6 +122,8 @@ class NatsBroker(Broker):
         try:
             headers = relay_headers(message)
             headers[DEDUP_HEADER] = message.msg_id
+            if error := unsafe_header(headers):
+                return permanent(error)
             if self._nc is not None and (error := too_large(self._nc, message.payload, headers)):
                 return permanent(error)
             ack = await self._js.publish(message.topic, message.payload, headers=headers)
@@ -146,6 +152,16 @@ class NatsBroker(Broker):
 
     async def _on_reconnected(self) -> None:
         log.info("nats %s: reconnected", mask_url(self.url))
+
+
+def unsafe_header(headers: dict[str, str]) -> str | None:
+    """Why a header would not reach a reader as it was sent, or None."""
+    for name, value in headers.items():
+        if not name or not HEADER_NAME_CHARS.issuperset(name):
+            return f"header name {name!r:.80} is not an RFC 7230 token, as NATS requires"
+        if not (value.isascii() and value.isprintable()) or value != value.strip(" "):
+            return f"value of header {name!r:.80} must be printable ASCII without outer spaces"
+    return None
 
 
 def too_large(nc: Client, payload: bytes, headers: dict[str, str]) -> str | None:
