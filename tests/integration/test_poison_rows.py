@@ -22,11 +22,14 @@ from sqlalchemy import Engine, create_engine
 
 from outbox import migrate
 from outbox.config import Settings
+from outbox.message import Message, uuid7
 from outbox.table import DEAD, PENDING, SENT
 from relay.brokers import broker_for
 from relay.brokers.base import KEY_HEADER, TAGS_HEADER
+from relay.dispatcher import Dispatcher
 from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper
+from tests.helpers import wait_until
 from tests.planting import plant, row_of
 from tests.targets import Carried, Target, target
 
@@ -117,3 +120,33 @@ def test_poison_rows_fail_alone_and_healthy_ones_arrive_once(
         else:
             assert row.status == PENDING and row.attempts >= 1, why
         assert row.last_error and expected[why][1] in row.last_error, (why, row.last_error)
+
+
+def test_fast_path_keeps_a_poison_message_to_itself(target: Target) -> None:
+    """The broker's own refusals, mixed into one fast-path batch: each healthy message
+    is published and marked once; each poison is rejected (left to the sweeper)."""
+    healthy = [Message(str(uuid7()), f"{target.prefix}.fast", f"h{i}".encode()) for i in range(20)]
+    poisons = [
+        Message(str(uuid7()), str(columns["topic"]), bytes(columns.get("payload", b"{}")))
+        for columns, _ in target.poisons.values()
+    ]
+    marked: list[str] = []
+    dispatcher = Dispatcher(
+        broker_for(target.url),
+        lambda acks: marked.extend(m for m, _ in acks) or len(acks),
+        Settings(retry_delays_ms=(0, 5, 10), ack_flush_ms=2, publish_batch=64),
+    )
+    dispatcher.start()
+    try:
+        assert dispatcher.relay.wait_connected(10), "broker not reachable"
+        assert dispatcher.submit([*healthy[:10], *poisons, *healthy[10:]], check=False) == 20 + len(
+            poisons
+        )
+        wait_until(lambda: len(marked) == 20, what="healthy messages marked")
+        wait_until(lambda: dispatcher.stats.rejected == len(poisons), what="poisons rejected")
+    finally:
+        dispatcher.stop()
+    assert sorted(marked) == sorted(m.msg_id for m in healthy)
+    copies = Counter(c.msg_id for c in target.read())
+    assert copies == Counter(m.msg_id for m in healthy)
+    assert dispatcher.stats.retried == 0
