@@ -11,6 +11,7 @@ With ``stream`` and ``subjects`` the stream is created on connect if it is missi
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import string
 from collections.abc import Sequence
@@ -52,8 +53,8 @@ PERMANENT_ERRORS = (
 )
 # Subjects of the server's own APIs and of request replies: a message there is a command.
 RESERVED_SUBJECT_PREFIXES = ("$", "_INBOX.")
-# What a NATS header carries unchanged to nats-py readers (RFC 7230 token names; printable
-# ASCII values, which readers strip of outer spaces and parse as MIME when not ASCII).
+# Header names NATS accepts (RFC 7230 tokens); nats-py trims values and turns CR/LF
+# into spaces, so only values it leaves alone arrive as they were sent.
 HEADER_NAME_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789" + string.ascii_letters)
 
 
@@ -159,8 +160,8 @@ def unsafe_header(headers: dict[str, str]) -> str | None:
     for name, value in headers.items():
         if not name or not HEADER_NAME_CHARS.issuperset(name):
             return f"header name {name!r:.80} is not an RFC 7230 token, as NATS requires"
-        if not (value.isascii() and value.isprintable()) or value != value.strip(" "):
-            return f"value of header {name!r:.80} must be printable ASCII without outer spaces"
+        if value != value.strip() or "\r" in value or "\n" in value:
+            return f"value of header {name!r:.80} has outer spaces or a line break NATS drops"
     return None
 
 
@@ -243,7 +244,7 @@ class StoredMessage:
 
     @classmethod
     def of(cls, raw: RawStreamMsg) -> StoredMessage:
-        headers = dict(raw.headers or {})
+        headers = parse_headers(base64.b64decode(raw.hdrs)) if raw.hdrs else {}
         return cls(
             headers.get(DEDUP_HEADER),
             raw.subject or "",
@@ -252,3 +253,17 @@ class StoredMessage:
             headers,
             raw.data or b"",
         )
+
+
+def parse_headers(block: bytes) -> dict[str, str]:
+    """The headers of a stored message, as the server holds them (UTF-8 values too).
+
+    nats-py's ``get_msg`` parses them as e-mail headers, which turns a non-ASCII value
+    into an ``email.header.Header``: this reads the raw block instead.
+    """
+    headers: dict[str, str] = {}
+    for line in block.split(b"\r\n")[1:]:  # the first line is "NATS/1.0"
+        name, sep, value = line.partition(b":")
+        if sep:  # the publisher writes "Name: value"
+            headers[name.decode("ascii", "replace")] = value.lstrip(b" ").decode("utf-8", "replace")
+    return headers
