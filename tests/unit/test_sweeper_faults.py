@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import Engine, create_engine
@@ -16,11 +17,12 @@ from sqlalchemy import Engine, create_engine
 from outbox import migrate
 from outbox.config import Settings
 from outbox.table import DEAD, PENDING, SENT
+from relay import store
 from relay.brokers.base import PublishResult, permanent, retry
 from relay.brokers.memory import MemoryBroker
 from relay.faults import Fault, FaultyBroker
 from relay.loop import BrokerLoop
-from relay.sweeper import Sweeper
+from relay.sweeper import Sweeper, checked_message
 from tests.planting import plant, row_of
 
 QUICK = Settings(max_attempts=3, backoff_base_s=0.001, backoff_cap_s=0.002, sweep_batch=50)
@@ -127,3 +129,16 @@ def test_planted_rows_that_break_the_contract_fail_alone_unpublished(
         row = row_of(engine, msg_id)
         assert row.status == PENDING and row.attempts == 1, why
         assert row.last_error.startswith("permanent: invalid row: "), (why, row.last_error)
+
+
+def test_a_null_payload_is_the_row_own_fault() -> None:
+    """An older schema could hold a NULL payload: the claim has no size for it, no
+    payload is loaded for it, and the row fails alone."""
+    row = SimpleNamespace(
+        id=7, msg_id="01a207a0-0000-7000-8000-000000000000", topic="p.x", payload=None,
+        size=None, key=None, tags=None, headers=None,
+    )  # fmt: skip
+    assert list(store.payload_groups([row])) == []
+    result = checked_message(row)  # type: ignore[arg-type]
+    assert isinstance(result, PublishResult) and result.error is not None
+    assert result.error.startswith("invalid row: payload: is NULL")
