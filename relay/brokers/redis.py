@@ -77,13 +77,14 @@ class RedisBroker(Broker):
                 )
             except Exception as exc:  # redis DataError, UnicodeEncodeError: this message's own
                 results[i] = unexpected(exc)
-        if len(pipe):
-            try:
-                replies = iter(await pipe.execute(raise_on_error=False))
-            except RETRYABLE as exc:
-                return [r or retry(f"{type(exc).__name__}: {exc}") for r in results]
-            results = [r or result_of(next(replies)) for r in results]
-        return [r for r in results if r is not None]
+        if not len(pipe):
+            return [r for r in results if r is not None]  # every message failed alone
+        try:
+            replies = iter(await pipe.execute(raise_on_error=False))
+        except RETRYABLE as exc:
+            down = retry(f"{type(exc).__name__}: {exc}")
+            return [down if r is None else r for r in results]
+        return [result_of(next(replies)) if r is None else r for r in results]
 
     async def close(self) -> None:
         client, self._client = self._client, None
