@@ -24,7 +24,7 @@ from outbox.message import Message
 from outbox.tracing import publish_span
 from relay.acks import AckBatcher, Finish, Verify
 from relay.brokers import Broker
-from relay.brokers.base import Outcome, PublishResult, retry
+from relay.brokers.base import Outcome, PublishResult, publish_isolated, retry
 from relay.loop import BrokerLoop
 from relay.stats import Stats
 from relay.timewheel import TimeWheel
@@ -180,8 +180,9 @@ class Dispatcher:
             batch = await self._committed_only(taken)
             messages = [d.message for d in batch]
             with publish_span(messages):
-                results = await self.broker.publish(messages) if batch else []
-        except Exception as exc:  # an adapter bug must not lose the batch from the schedule
+                # One message's exception is that message's: it never fails its batch.
+                results = await publish_isolated(self.broker, messages) if batch else []
+        except Exception as exc:  # a bug must not lose the batch from the schedule
             log.exception("broker.publish raised")
             results = [PublishResult(Outcome.RETRY, error=repr(exc)) for _ in batch]
         finally:

@@ -6,6 +6,9 @@ the broker is gone); ``start()`` listens again on the same port (it came back);
 ``dropping = True`` swallows traffic both ways on open connections (acks silently
 lost) until it is set back and the connections are cut (as a middlebox would).
 
+``FaultyBroker(inner, faults)`` wraps any Broker and makes chosen messages fail in
+the per-message path, for unit tests of the relay logic.
+
 The others: ``kill_app_after_commit`` (model A: SIGKILL with committed messages in
 memory), ``kill_producer_after_commit`` (model B: SIGKILL between the local commit
 and the end request), ``MarkKiller`` (the relay's DB connection terminated between
@@ -25,14 +28,57 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
 
+from outbox.message import Message
+from relay.brokers.base import Broker, PublishResult
 from relay.embedded import free_port
 
 log = logging.getLogger("relay.faults")
+
+
+# A message's fault: its own answer, an exception its publish raises, or None (healthy).
+Fault = PublishResult | Exception | None
+
+
+class FaultyBroker(Broker):
+    """Wraps ``inner`` and fails the messages ``faults`` picks (by msg_id, or a function).
+
+    A PublishResult fault (``permanent(...)``, ``retry(...)``) is that message's answer and
+    the message is not forwarded. An exception fault is raised from ``publish`` whenever
+    that message is in the batch, before anything is forwarded: an adapter that lets one
+    message's exception escape ``asyncio.gather`` does the same. Healthy messages go to
+    ``inner`` in one call; ``forwarded`` counts how often each msg_id was handed on.
+    """
+
+    def __init__(
+        self, inner: Broker, faults: Mapping[str, Fault] | Callable[[Message], Fault]
+    ) -> None:
+        self.inner = inner
+        self._fault = faults if callable(faults) else (lambda m: faults.get(m.msg_id))
+        self.forwarded: Counter[str] = Counter()
+        self.raised = 0  # publish calls that raised
+
+    async def connect(self) -> None:
+        await self.inner.connect()
+
+    async def publish(self, messages: Sequence[Message]) -> list[PublishResult]:
+        faults = [self._fault(m) for m in messages]
+        for fault in faults:
+            if isinstance(fault, Exception):
+                self.raised += 1
+                raise fault
+        healthy = [m for m, fault in zip(messages, faults, strict=True) if fault is None]
+        self.forwarded.update(m.msg_id for m in healthy)
+        answers = iter(await self.inner.publish(healthy) if healthy else [])
+        return [next(answers) if f is None else f for f in faults]  # type: ignore[misc]
+
+    async def close(self) -> None:
+        await self.inner.close()
 
 
 class TcpProxy:

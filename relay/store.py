@@ -161,7 +161,7 @@ def payload_groups(rows: Sequence[Any]) -> Iterator[list[int]]:
     group: list[int] = []
     group_bytes = 0
     for row in rows:
-        if row.payload is not None:
+        if row.payload is not None or row.size is None:  # inline, or NULL (a planted row)
             continue
         if group and group_bytes + row.size > LOAD_PAYLOAD_BYTES:
             yield group

@@ -17,7 +17,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -26,11 +26,18 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Row
 
 from outbox.config import Settings
-from outbox.message import Message
+from outbox.errors import InvalidHeaders, InvalidPayload
+from outbox.message import Message, recheck
 from outbox.table import DEAD, PENDING
 from outbox.tracing import publish_span
 from relay import store
-from relay.brokers.base import NOT_CONNECTED, Outcome, PublishResult
+from relay.brokers.base import (
+    NOT_CONNECTED,
+    Outcome,
+    PublishResult,
+    permanent,
+    publish_isolated,
+)
 from relay.loop import BrokerLoop
 from relay.stats import BATCH_SIZE_BUCKETS, SWEEP_BUCKETS_S, Histogram
 
@@ -71,8 +78,11 @@ class Sweeper:
         """Claim one batch, publish it, record the outcome; all in one transaction.
 
         When the broker cannot be reached at all (not connected, the publish call
-        failed or timed out as a whole, the relay is stopping) the transaction rolls
-        back: an outage is not the rows' fault and costs them no attempt.
+        timed out as a whole, the relay is stopping) the transaction rolls back: an
+        outage is not the rows' fault and costs them no attempt. Any other fault is one
+        row's: a row that breaks the send() contract (planted by hand or by an older
+        version) is recorded as failed without being published, and a message the
+        broker or adapter refuses fails alone; the rest of the batch is marked once.
         """
         age = self.settings.sweeper_age_s if min_age_s is None else min_age_s
         started = time.monotonic()
@@ -90,7 +100,7 @@ class Sweeper:
                 if cursor is not None:
                     cursor.advance(max(row.id for row in rows))
                 big = store.load_payloads(conn, rows)
-                results = self._publish([message_of(row, big.get(row.id)) for row in rows])
+                results = self._publish([checked_message(r, big.get(r.id)) for r in rows])
                 if results is None:
                     raise _BrokerUnreachable
                 result = self._record(conn, rows, results)
@@ -158,21 +168,25 @@ class Sweeper:
                     log.info("retention: purged=%d", purged)
                 return purged
 
-    def _publish(self, messages: list[Message]) -> list[PublishResult] | None:
-        """The broker's answers, or None when it could not be asked at all."""
+    def _publish(self, prepared: list[Message | PublishResult]) -> list[PublishResult] | None:
+        """One result per row (the broker's, or the row's own refusal), or None when
+        the broker could not be asked at all."""
+        messages = [m for m in prepared if isinstance(m, Message)]
+        if not messages:
+            return [r for r in prepared if isinstance(r, PublishResult)]
         if self._stopping.is_set() or not self.relay.running:
             return None
         try:
             with publish_span(messages):
-                results = self.relay.submit(self.relay.broker.publish(messages)).result(
-                    self.settings.publish_timeout_s
-                )
-        except Exception as exc:  # timeout, loop closed, adapter bug
+                answers = self.relay.submit(publish_isolated(self.relay.broker, messages))
+                results = answers.result(self.settings.publish_timeout_s)
+        except Exception as exc:  # timeout, loop closed: the broker was not answering
             log.warning("sweep publish of %d message(s) failed: %r", len(messages), exc)
             return None
         if all(r.outcome is Outcome.RETRY and r.error == NOT_CONNECTED for r in results):
             return None
-        return results
+        found = iter(results)
+        return [next(found) if isinstance(m, Message) else m for m in prepared]
 
     def _record(
         self, conn: Connection, rows: Sequence[Row[Any]], results: list[PublishResult]
@@ -225,12 +239,33 @@ class Cursor:
 
 
 def message_of(row: Row[Any], payload: bytes | None = None) -> Message:
-    """The message of a claimed row; ``payload`` when the claim left it out."""
+    """The message of a claimed row; ``payload`` when the claim left it out.
+
+    Rows are input too (written by hand or by an older version): a NULL payload or
+    headers that are not a JSON object raise an ``InvalidMessage`` subclass.
+    """
+    body = row.payload if payload is None else payload
+    if body is None:
+        raise InvalidPayload("payload", "is NULL in the table")
+    headers = {} if row.headers is None else row.headers
+    if not isinstance(headers, Mapping):
+        raise InvalidHeaders("headers", f"must be stored as a JSON object, got {headers!r:.80}")
     return Message(
         msg_id=str(row.msg_id),
         topic=row.topic,
-        payload=bytes(row.payload if payload is None else payload),
+        payload=bytes(body),
         key=row.key,
         tags=row.tags,
-        headers=dict(row.headers or {}),
+        headers=dict(headers),
     )
+
+
+def checked_message(row: Row[Any], payload: bytes | None = None) -> Message | PublishResult:
+    """The row's message if it keeps the contract ``send()`` enforces, else the row's own
+    PERMANENT result: it is recorded as a failed attempt and not published."""
+    try:
+        message = message_of(row, payload)
+        recheck(message)
+    except Exception as exc:  # whatever is wrong with a stored row is that row's fault
+        return permanent(f"invalid row: {exc}"[:500])
+    return message

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 import enum
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -13,6 +15,10 @@ from outbox.message import Message
 KEY_HEADER = "Outbox-Key"
 TAGS_HEADER = "Outbox-Tags"
 NOT_CONNECTED = "not connected"  # every adapter's error while it has no connection
+# Exceptions that say the connection, not the message, failed.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, ConnectionError)
+
+log = logging.getLogger("relay.brokers")
 
 
 class Outcome(enum.Enum):
@@ -49,7 +55,10 @@ class Broker(abc.ABC):
     """A connection to one broker, used from one asyncio loop.
 
     ``publish`` never raises for a message's own failure: it returns one result per
-    message, in the order given, and keeps many publishes in flight at once.
+    message, in the order given, and keeps many publishes in flight at once. An
+    exception about one message (encoding, size, destination, a client library's
+    TypeError) becomes that message's PERMANENT result; only a connection-level failure
+    makes every result RETRY.
     """
 
     @abc.abstractmethod
@@ -77,3 +86,50 @@ def relay_headers(message: Message) -> dict[str, str]:
     if message.tags is not None:
         headers[TAGS_HEADER] = message.tags
     return headers
+
+
+def unexpected(exc: BaseException) -> PublishResult:
+    """The result of a message whose publish raised an exception no adapter foresaw."""
+    return permanent(f"{type(exc).__name__}: {exc}")
+
+
+async def publish_isolated(broker: Broker, messages: Sequence[Message]) -> list[PublishResult]:
+    """``broker.publish(messages)``, with a fault of one message kept to that message.
+
+    Safety net for an adapter that still raises from ``publish`` as a whole (or answers
+    with the wrong number of results) for a reason other than its connection: each
+    message is then published alone, concurrently, and a message whose own publish
+    raises gets a PERMANENT result. Trade-off: messages the failed batch call had
+    already handed to the broker are published a second time, so this costs at most
+    one extra copy per message per call (at least once, as after a crash; JetStream
+    drops it by msg_id), instead of a rolled-back batch republished on every pass.
+    A connection-level exception (CONNECTION_ERRORS) makes every result RETRY.
+    """
+    try:
+        results = await broker.publish(messages)
+        if len(results) == len(messages):
+            return results
+        error: BaseException = RuntimeError(
+            f"{len(results)} result(s) for {len(messages)} message(s)"
+        )
+    except CONNECTION_ERRORS as exc:
+        return [retry(f"{type(exc).__name__}: {exc}") for _ in messages]
+    except Exception as exc:
+        error = exc
+    if len(messages) == 1:
+        return [unexpected(error)]
+    log.warning(
+        "publish of %d message(s) raised %s; publishing them one by one",
+        len(messages), type(error).__name__,
+    )  # fmt: skip
+    return list(await asyncio.gather(*(_alone(broker, m) for m in messages)))
+
+
+async def _alone(broker: Broker, message: Message) -> PublishResult:
+    try:
+        [result] = await broker.publish([message])
+    except CONNECTION_ERRORS as exc:
+        return retry(f"{type(exc).__name__}: {exc}")
+    except Exception as exc:
+        return unexpected(exc)
+    return result

@@ -11,7 +11,9 @@ With ``stream`` and ``subjects`` the stream is created on connect if it is missi
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
+import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,6 +37,7 @@ from relay.brokers.base import (
     permanent,
     relay_headers,
     retry,
+    unexpected,
 )
 
 log = logging.getLogger("relay.brokers.nats")
@@ -48,6 +51,11 @@ PERMANENT_ERRORS = (
     nats.errors.BadHeaderError,
     nats.js.errors.BadRequestError,
 )
+# Subjects of the server's own APIs and of request replies: a message there is a command.
+RESERVED_SUBJECT_PREFIXES = ("$", "_INBOX.")
+# Header names NATS accepts (RFC 7230 tokens); nats-py trims values and turns CR/LF
+# into spaces, so only values it leaves alone arrive as they were sent.
+HEADER_NAME_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789" + string.ascii_letters)
 
 
 class NatsBroker(Broker):
@@ -108,17 +116,26 @@ class NatsBroker(Broker):
         return list(await asyncio.gather(*(self._publish_one(m) for m in messages)))
 
     async def _publish_one(self, message: Message) -> PublishResult:
+        """One message's outcome; an exception about this message never escapes."""
         assert self._js is not None
-        headers = relay_headers(message)
-        headers[DEDUP_HEADER] = message.msg_id
-        if self._nc is not None and (error := too_large(self._nc, message.payload, headers)):
-            return permanent(error)
+        if message.topic.startswith(RESERVED_SUBJECT_PREFIXES):
+            return permanent(f"subject {message.topic!r} is reserved by the NATS server")
         try:
+            headers = relay_headers(message)
+            headers[DEDUP_HEADER] = message.msg_id
+            if error := unsafe_header(headers):
+                return permanent(error)
+            if self._nc is not None and (error := too_large(self._nc, message.payload, headers)):
+                return permanent(error)
             ack = await self._js.publish(message.topic, message.payload, headers=headers)
+        except (nats.js.errors.NoStreamResponseError, nats.errors.NoRespondersError):
+            return permanent(f"no JetStream stream captures subject {message.topic!r}")
         except PERMANENT_ERRORS as exc:
             return permanent(f"{type(exc).__name__}: {exc}")
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             return retry(f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # encoding, a client library's TypeError: this message's own
+            return unexpected(exc)
         return ok(f"{ack.stream}:{ack.seq}", duplicate=bool(ack.duplicate))
 
     async def close(self) -> None:
@@ -136,6 +153,16 @@ class NatsBroker(Broker):
 
     async def _on_reconnected(self) -> None:
         log.info("nats %s: reconnected", mask_url(self.url))
+
+
+def unsafe_header(headers: dict[str, str]) -> str | None:
+    """Why a header would not reach a reader as it was sent, or None."""
+    for name, value in headers.items():
+        if not name or not HEADER_NAME_CHARS.issuperset(name):
+            return f"header name {name!r:.80} is not an RFC 7230 token, as NATS requires"
+        if value != value.strip() or "\r" in value or "\n" in value:
+            return f"value of header {name!r:.80} has outer spaces or a line break NATS drops"
+    return None
 
 
 def too_large(nc: Client, payload: bytes, headers: dict[str, str]) -> str | None:
@@ -217,7 +244,7 @@ class StoredMessage:
 
     @classmethod
     def of(cls, raw: RawStreamMsg) -> StoredMessage:
-        headers = dict(raw.headers or {})
+        headers = parse_headers(base64.b64decode(raw.hdrs)) if raw.hdrs else {}
         return cls(
             headers.get(DEDUP_HEADER),
             raw.subject or "",
@@ -226,3 +253,17 @@ class StoredMessage:
             headers,
             raw.data or b"",
         )
+
+
+def parse_headers(block: bytes) -> dict[str, str]:
+    """The headers of a stored message, as the server holds them (UTF-8 values too).
+
+    nats-py's ``get_msg`` parses them as e-mail headers, which turns a non-ASCII value
+    into an ``email.header.Header``: this reads the raw block instead.
+    """
+    headers: dict[str, str] = {}
+    for line in block.split(b"\r\n")[1:]:  # the first line is "NATS/1.0"
+        name, sep, value = line.partition(b":")
+        if sep:  # the publisher writes "Name: value"
+            headers[name.decode("ascii", "replace")] = value.lstrip(b" ").decode("utf-8", "replace")
+    return headers

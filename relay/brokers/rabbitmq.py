@@ -45,9 +45,11 @@ from relay.brokers.base import (
     permanent,
     relay_headers,
     retry,
+    unexpected,
 )
 
 DEFAULT_EXCHANGE = "amq.topic"
+MAX_ROUTING_KEY_BYTES = 255  # AMQP 0-9-1 shortstr
 
 
 class RabbitBroker(Broker):
@@ -91,18 +93,19 @@ class RabbitBroker(Broker):
         return list(await asyncio.gather(*(self._publish_one(m) for m in messages)))
 
     async def _publish_one(self, message: Message) -> PublishResult:
-        headers = relay_headers(message)
-        amqp_message = aio_pika.Message(
-            message.payload,
-            message_id=message.msg_id,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            content_type=headers.get("content-type"),
-            timestamp=datetime.now(UTC),
-            headers=headers,  # type: ignore[arg-type]
-        )
+        """One message's outcome; an exception about this message never escapes."""
+        size = len(message.topic.encode("utf-8", "surrogatepass"))
+        if size > MAX_ROUTING_KEY_BYTES:
+            return permanent(
+                f"routing key is {size} bytes, AMQP allows {MAX_ROUTING_KEY_BYTES}: "
+                f"{message.topic[:40]!r}..."
+            )
         try:
             confirm = await self._exchange.publish(
-                amqp_message, routing_key=message.topic, mandatory=True, timeout=self.timeout
+                self._amqp_message(message),
+                routing_key=message.topic,
+                mandatory=True,
+                timeout=self.timeout,
             )
         except amqp_errors.PublishError as exc:  # returned: no queue bound for the key
             return permanent(f"unroutable: {exc}")
@@ -110,7 +113,21 @@ class RabbitBroker(Broker):
             return retry(f"nacked: {exc}")
         except (TimeoutError, amqp_errors.AMQPError, OSError, RuntimeError) as exc:
             return retry(f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # encoding (a lone surrogate), a client library's TypeError
+            return unexpected(exc)
         return ok(f"ack:{getattr(confirm, 'delivery_tag', '')}")
+
+    @staticmethod
+    def _amqp_message(message: Message) -> aio_pika.Message:
+        headers = relay_headers(message)
+        return aio_pika.Message(
+            message.payload,
+            message_id=message.msg_id,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            content_type=headers.get("content-type"),
+            timestamp=datetime.now(UTC),
+            headers=headers,  # type: ignore[arg-type]
+        )
 
     async def close(self) -> None:
         connection, self._connection, self._exchange = self._connection, None, None

@@ -30,6 +30,7 @@ from relay.brokers.base import (
     permanent,
     relay_headers,
     retry,
+    unexpected,
 )
 
 RETRYABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
@@ -59,21 +60,31 @@ class RedisBroker(Broker):
         self._client = client
 
     async def publish(self, messages: Sequence[Message]) -> list[PublishResult]:
+        """One pipeline for the batch; a message whose XADD cannot even be built (it
+        does not encode, redis-py refuses its arguments) gets its own PERMANENT result
+        and stays out of the pipeline, so it cannot fail the others' round trip."""
         if self._client is None:
             return [retry(NOT_CONNECTED) for _ in messages]
+        results: list[PublishResult | None] = [None] * len(messages)
         pipe = self._client.pipeline(transaction=False)
-        for message in messages:
-            pipe.xadd(
-                self.prefix + message.topic,
-                fields(message),  # type: ignore[arg-type]
-                maxlen=self.maxlen,
-                approximate=self.maxlen is not None,
-            )
+        for i, message in enumerate(messages):
+            try:
+                pipe.xadd(
+                    (self.prefix + message.topic).encode(),
+                    fields(message),  # type: ignore[arg-type]
+                    maxlen=self.maxlen,
+                    approximate=self.maxlen is not None,
+                )
+            except Exception as exc:  # redis DataError, UnicodeEncodeError: this message's own
+                results[i] = unexpected(exc)
+        if not len(pipe):
+            return [r for r in results if r is not None]  # every message failed alone
         try:
-            replies = await pipe.execute(raise_on_error=False)
+            replies = iter(await pipe.execute(raise_on_error=False))
         except RETRYABLE as exc:
-            return [retry(f"{type(exc).__name__}: {exc}") for _ in messages]
-        return [result_of(reply) for reply in replies]
+            down = retry(f"{type(exc).__name__}: {exc}")
+            return [down if r is None else r for r in results]
+        return [result_of(next(replies)) if r is None else r for r in results]
 
     async def close(self) -> None:
         client, self._client = self._client, None
@@ -82,10 +93,17 @@ class RedisBroker(Broker):
 
 
 def fields(message: Message) -> dict[str | bytes, str | bytes]:
+    """The entry's fields as bytes, encoded here: a value that cannot be encoded fails its
+    own message, not the pipeline (redis-py encodes when the pipeline is sent)."""
+    if not isinstance(message.payload, bytes):
+        raise TypeError(f"payload must be bytes, got {type(message.payload).__name__}")
+    headers = relay_headers(message)
+    for text in (*headers, *headers.values()):
+        text.encode()  # JSON would escape a lone surrogate that NATS and AMQP cannot carry
     return {
-        "msg_id": message.msg_id,
+        "msg_id": message.msg_id.encode(),
         "payload": message.payload,
-        "headers": json.dumps(relay_headers(message), separators=(",", ":")),
+        "headers": json.dumps(headers, separators=(",", ":")).encode(),
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
@@ -11,9 +12,11 @@ import pytest
 
 from outbox.config import Settings
 from outbox.message import Message, build_message
-from relay.brokers.base import PublishResult, permanent, retry
+from relay.brokers import Broker
+from relay.brokers.base import Outcome, PublishResult, permanent, publish_isolated, retry
 from relay.brokers.memory import MemoryBroker
 from relay.dispatcher import Dispatcher
+from relay.faults import FaultyBroker
 from tests.helpers import wait_until
 
 FAST = Settings(retry_delays_ms=(0, 5, 10, 20), ack_flush_ms=2)
@@ -54,7 +57,7 @@ def running(finisher: Finisher) -> Iterator[Run]:
     """Starts dispatchers writing to ``finisher``; stops every one at the end."""
     started: list[Dispatcher] = []
 
-    def start(broker: MemoryBroker, settings: Settings = FAST) -> Dispatcher:
+    def start(broker: Broker, settings: Settings = FAST) -> Dispatcher:
         dispatcher = Dispatcher(broker, finisher, settings)
         dispatcher.start()
         started.append(dispatcher)
@@ -172,3 +175,52 @@ def test_stop_drops_waiting_retries_within_its_deadline(finisher: Finisher, runn
     d.stop(timeout=2)
     assert time.monotonic() - started < 2.5
     assert d.stats.dropped_at_stop == 5 and finisher.marked == []
+
+
+POISONS = [
+    TypeError("a client library's bug"),
+    UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"),
+    permanent("MaxPayloadError: too large"),
+]
+
+
+@pytest.mark.parametrize("fault", POISONS, ids=lambda f: type(f).__name__)
+def test_a_poison_message_never_fails_or_repeats_its_batch(
+    finisher: Finisher, running: Run, fault: Exception | PublishResult
+) -> None:
+    """The adapter raises (or refuses) for one message of a batch: each healthy message
+    is published and marked exactly once; the poison is rejected, not retried."""
+    memory = MemoryBroker()
+    good = messages(10)
+    bad = messages(1)[0]
+    broker = FaultyBroker(memory, {bad.msg_id: fault})
+    d = running(broker, Settings(retry_delays_ms=(0, 5, 10, 20), ack_flush_ms=2, publish_batch=64))
+    d.submit([*good[:5], bad, *good[5:]])
+    wait_until(lambda: len(finisher.marked) == 10, what="healthy ones marked")
+    wait_until(lambda: d.stats.rejected == 1, what="the poison rejected")
+    assert Counter(m.msg_id for m in memory.published) == Counter(m.msg_id for m in good)
+    assert sorted(finisher.marked) == sorted(m.msg_id for m in good)
+    assert d.stats.retried == 0 and bad.msg_id not in finisher.marked
+    # An exception: the batch call raised, then the poison's publish alone raised.
+    assert broker.raised == (0 if isinstance(fault, PublishResult) else 2)
+
+
+def test_a_connection_failure_fails_the_whole_batch_as_retry() -> None:
+    good = messages(3)
+    broker = FaultyBroker(MemoryBroker(), {good[1].msg_id: ConnectionResetError("reset")})
+    results = asyncio.run(publish_isolated(broker, good))
+    assert [r.outcome for r in results] == [Outcome.RETRY] * 3
+    assert not broker.forwarded, "nothing is published one by one after a connection failure"
+
+
+def test_an_adapter_answering_the_wrong_count_is_asked_one_by_one() -> None:
+    class Short(MemoryBroker):
+        async def publish(self, messages: Sequence[Message]) -> list[PublishResult]:
+            answers = await super().publish(messages)
+            return answers[:1] if len(messages) > 1 else answers
+
+    broker = Short()
+    good = messages(4)
+    results = asyncio.run(publish_isolated(broker, good))
+    assert all(r.ok for r in results) and len(results) == 4
+    assert len({m.msg_id for m in broker.published}) == 4
