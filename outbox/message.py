@@ -134,12 +134,17 @@ def check_topic(topic: object) -> str:
         raise InvalidTopic(
             "topic", f"must not have empty tokens ('..' or a dot at an end): {shown(topic)}"
         )
-    if topic.startswith("$") or tokens[0].upper() == "_INBOX":
+    if nats_reserved(topic):
         raise InvalidTopic(
             "topic", f"must not start with '$' or '_INBOX': NATS reserves them: {shown(topic)}"
         )
     _check_text_bytes(InvalidTopic, "topic", topic)
     return topic
+
+
+def nats_reserved(topic: str) -> bool:
+    """True for subjects of the NATS server's own APIs ($JS, $SYS, ...) and request replies."""
+    return topic.startswith("$") or topic.split(".", 1)[0].upper() == "_INBOX"
 
 
 def check_key(key: object) -> str | None:

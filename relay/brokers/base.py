@@ -9,11 +9,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from outbox.message import Message
+from outbox.message import KEY_HEADER, TAGS_HEADER, Message
 
-# Headers the relay adds to every message, beside the app's own.
-KEY_HEADER = "Outbox-Key"
-TAGS_HEADER = "Outbox-Tags"
 NOT_CONNECTED = "not connected"  # every adapter's error while it has no connection
 # Exceptions that say the connection, not the message, failed.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, ConnectionError)

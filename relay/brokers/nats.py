@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,21 +27,19 @@ from nats.js.api import RawStreamMsg
 
 from outbox.config import mask_url
 from outbox.errors import ConfigError
-from outbox.message import Message
+from outbox.message import DEDUP_HEADER, Message, header_size, nats_reserved, sent_headers
 from relay.brokers.base import (
     NOT_CONNECTED,
     Broker,
     PublishResult,
     ok,
     permanent,
-    relay_headers,
     retry,
     unexpected,
 )
 
 log = logging.getLogger("relay.brokers.nats")
 
-DEDUP_HEADER = "Nats-Msg-Id"
 
 # Failures that will not go away by publishing the same message again.
 PERMANENT_ERRORS = (
@@ -51,11 +48,6 @@ PERMANENT_ERRORS = (
     nats.errors.BadHeaderError,
     nats.js.errors.BadRequestError,
 )
-# Subjects of the server's own APIs and of request replies: a message there is a command.
-RESERVED_SUBJECT_PREFIXES = ("$", "_INBOX.")
-# Header names NATS accepts (RFC 7230 tokens); nats-py trims values and turns CR/LF
-# into spaces, so only values it leaves alone arrive as they were sent.
-HEADER_NAME_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789" + string.ascii_letters)
 
 
 class NatsBroker(Broker):
@@ -118,13 +110,10 @@ class NatsBroker(Broker):
     async def _publish_one(self, message: Message) -> PublishResult:
         """One message's outcome; an exception about this message never escapes."""
         assert self._js is not None
-        if message.topic.startswith(RESERVED_SUBJECT_PREFIXES):
-            return permanent(f"subject {message.topic!r} is reserved by the NATS server")
+        if nats_reserved(message.topic):  # a command to the server, never a message: refuse
+            return permanent(f"subject {message.topic!r:.80} is reserved by the NATS server")
         try:
-            headers = relay_headers(message)
-            headers[DEDUP_HEADER] = message.msg_id
-            if error := unsafe_header(headers):
-                return permanent(error)
+            headers = sent_headers(message)
             if self._nc is not None and (error := too_large(self._nc, message.payload, headers)):
                 return permanent(error)
             ack = await self._js.publish(message.topic, message.payload, headers=headers)
@@ -155,16 +144,6 @@ class NatsBroker(Broker):
         log.info("nats %s: reconnected", mask_url(self.url))
 
 
-def unsafe_header(headers: dict[str, str]) -> str | None:
-    """Why a header would not reach a reader as it was sent, or None."""
-    for name, value in headers.items():
-        if not name or not HEADER_NAME_CHARS.issuperset(name):
-            return f"header name {name!r:.80} is not an RFC 7230 token, as NATS requires"
-        if value != value.strip() or "\r" in value or "\n" in value:
-            return f"value of header {name!r:.80} has outer spaces or a line break NATS drops"
-    return None
-
-
 def too_large(nc: Client, payload: bytes, headers: dict[str, str]) -> str | None:
     """Why the server would refuse this message for its size, or None.
 
@@ -175,11 +154,6 @@ def too_large(nc: Client, payload: bytes, headers: dict[str, str]) -> str | None
     if size <= nc.max_payload:
         return None
     return f"MaxPayloadError: {size} bytes > server max_payload {nc.max_payload}"
-
-
-def header_size(headers: dict[str, str]) -> int:
-    """Bytes of the NATS header block: 'NATS/1.0' line, 'Name: value' lines, blank line."""
-    return len(b"NATS/1.0\r\n\r\n") + sum(len(f"{k}: {v}\r\n".encode()) for k, v in headers.items())
 
 
 def _one(query: dict[str, list[str]], name: str) -> str | None:

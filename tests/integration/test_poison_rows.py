@@ -22,10 +22,9 @@ from sqlalchemy import Engine, create_engine
 
 from outbox import migrate
 from outbox.config import Settings
-from outbox.message import Message, uuid7
+from outbox.message import KEY_HEADER, TAGS_HEADER, Message, uuid7
 from outbox.table import DEAD, PENDING, SENT
 from relay.brokers import broker_for
-from relay.brokers.base import KEY_HEADER, TAGS_HEADER
 from relay.dispatcher import Dispatcher
 from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper

@@ -58,7 +58,8 @@ def running(broker: Broker, loops: list[BrokerLoop]) -> BrokerLoop:
 def commit_messages(
     engine: Engine, n: int, topic: str = "sw.x", payload: bytes = b"{}"
 ) -> list[str]:
-    ob = Outbox(engine)
+    # An app that raised its limit: 1 MiB payloads pass send(), as the tests below need.
+    ob = Outbox(engine, max_payload_bytes=2 * 1024 * 1024)
     with Session(engine) as session, session.begin():
         return [ob.send(session, topic, payload) for _ in range(n)]
 
@@ -144,7 +145,7 @@ def test_poison_message_goes_dead_while_healthy_ones_flow(
     )
     relay = running(NatsBroker(f"{nats_server.url}?stream={name}&subjects={prefix}.>"), loops)
     healthy = commit_messages(engine, 1000, f"{prefix}.ok")
-    # 1 MiB passes send() but, with its headers, exceeds the server's 1 MB max_payload.
+    # 1 MiB passes send() (limit 2 MiB) but, with its headers, exceeds the server's 1 MiB.
     [poison] = commit_messages(engine, 1, f"{prefix}.big", b"x" * (1024 * 1024))
     age_rows(engine)
     sweeper = Sweeper(engine, relay, settings)

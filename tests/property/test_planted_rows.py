@@ -21,9 +21,9 @@ from sqlalchemy import Engine, create_engine
 
 from outbox import migrate
 from outbox.config import Settings
+from outbox.message import KEY_HEADER, TAGS_HEADER
 from outbox.table import PENDING, SENT
 from relay.brokers import broker_for
-from relay.brokers.base import KEY_HEADER, TAGS_HEADER
 from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper
 from tests.planting import plant, row_of
