@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import re
 import uuid
@@ -25,7 +26,8 @@ RETRY_DELAYS_MS = (0, 5, 10, 25, 50, 100, 200, 300, 500, 800, 1000, 1000, 1000)
 BROKER_SCHEMES = ("nats", "amqp", "amqps", "redis", "rediss", "memory")
 MARK_MODES = ("keep", "delete")
 MIN_SCRUBBED = 3  # shorter "secrets" would garble every message they are scrubbed from
-TOKEN_SCHEMES = ("nats", "tls", "ws", "wss")  # nats://TOKEN@host: the userinfo is the secret
+RESERVED = re.compile(r"[:/?#\[\]@!$&'()*+,;=%\s]+")  # URL delimiters, and space
+USER_SCHEMES = ("amqp", "amqps", "redis", "rediss")  # userinfo: a user name, then a password
 # password=, sslpassword=, token=, auth_token=, secret=, ...: masked wherever they appear.
 SECRET_PARAM = re.compile(r"([?&;][^=&#]*(?:pass|pwd|token|secret)[^=&#]*=)([^&#]*)", re.I)
 INT_OPTIONS = (
@@ -121,16 +123,14 @@ class Settings:
 def mask_url(url: object) -> str:
     """The URL without its secrets, fit for logs, errors and reports.
 
-    Database URLs go through SQLAlchemy's own parser; broker URLs (and anything it
-    cannot parse) lose their whole userinfo but the user name: urlsplit, which the
-    broker clients use, stops at a '/', '?' or '#' inside a raw password and would
-    print the rest. A NATS userinfo without ':' is a token. Secret query parameters
-    (``password``, ``token``, ...) are masked either way.
+    Database URLs go through SQLAlchemy's own parser. Anything else (broker URLs, and
+    what SQLAlchemy cannot split unambiguously) loses its whole userinfo but an
+    AMQP/Redis user name: urlsplit, which the broker clients use, stops at a raw '/',
+    '?' or '#' in a password and would print the rest, and a NATS userinfo may be a
+    token. Secret query parameters (``password``, ``token``, ...) are masked either way.
     """
     text = str(url)
-    scheme = text.partition("://")[0]
-    is_db = scheme and scheme not in BROKER_SCHEMES + TOKEN_SCHEMES
-    masked = _mask_db_url(text) if is_db else None
+    masked = _mask_db_url(text)
     return _mask_query(masked if masked is not None else _mask_userinfo(text))
 
 
@@ -138,9 +138,11 @@ def _mask_db_url(url: str) -> str | None:
     if url.count("@") > 1:  # a raw '@' in the password: SQLAlchemy would split it there
         return None
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):
+        parsed = make_url(url)
+        parsed.get_dialect()  # a database URL, not a broker's that happens to parse
+    except (ArgumentError, NoSuchModuleError, ValueError, ImportError):
         return None
+    return parsed.render_as_string(hide_password=True)
 
 
 def _mask_userinfo(url: str) -> str:
@@ -149,9 +151,9 @@ def _mask_userinfo(url: str) -> str:
     if not sep or not at:
         return url
     user, colon, _ = userinfo.partition(":")
-    if not colon and scheme not in TOKEN_SCHEMES:
+    if not colon and scheme in USER_SCHEMES:
         return url  # a user name alone
-    kept = f"{user}:***" if colon else "***"
+    kept = f"{user}:***" if colon and scheme in USER_SCHEMES else "***"
     return f"{scheme}://{kept}@{host}"
 
 
@@ -163,9 +165,12 @@ def secrets_of(url: str) -> list[str]:
     """The secrets a URL holds, as written and percent-decoded, for scrubbing free text."""
     scheme, _, rest = url.partition("://")
     user, colon, password = rest.rpartition("@")[0].partition(":")
-    found = [password if colon else user if scheme in TOKEN_SCHEMES else ""]
+    named = scheme in USER_SCHEMES or _mask_db_url(url) is not None  # a user, not a token
+    found = [password if colon else "" if named else user]
     found += [m.group(2) for m in SECRET_PARAM.finditer(url)]
     found += [unquote(s) for s in found]
+    # A driver that mis-parses a raw password echoes a piece of it (as a host name, say).
+    found += [piece for s in found for piece in RESERVED.split(s)]
     return sorted({s for s in found if len(s) >= MIN_SCRUBBED}, key=len, reverse=True)
 
 
@@ -199,30 +204,33 @@ def engine_from(
         engine = create_engine(url, connect_args=args, **kw)
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
         raise ConfigError(f"db: cannot use {mask_url(db)!r}: {exc}") from None
-    if url.get_backend_name() in ("mysql", "mariadb") and read_timeout_s is None:
-        event.listen(engine, "connect", _unbounded_reads)
+    if url.get_backend_name() in ("mysql", "mariadb"):
+        event.listen(engine, "connect", functools.partial(_reads_wait, read_timeout_s))
     return engine
 
 
 def timeouts(url: URL, connect_s: float, read_s: float | None) -> dict[str, Any]:
     """The driver's own connect (and read) timeout arguments for ``url``'s backend."""
     backend = url.get_backend_name()
+    args: dict[str, Any] = {}
     if backend == "postgresql":  # libpq: whole seconds, at least 2
-        args: dict[str, Any] = {"connect_timeout": max(2, math.ceil(connect_s))}
+        args["connect_timeout"] = max(2, math.ceil(connect_s))
     elif backend in ("mysql", "mariadb"):  # PyMySQL reads the server's greeting with read_timeout
-        args = {"connect_timeout": connect_s, "read_timeout": read_s or connect_s}
+        args = {"connect_timeout": connect_s, "read_timeout": connect_s}
         if read_s is not None:
             args["write_timeout"] = read_s
     elif backend == "sqlite":  # how long a write waits for another's lock
-        args = {"timeout": connect_s}
-    else:
-        args = {}
-    return {k: v for k, v in args.items() if k not in url.query}
+        args["timeout"] = connect_s
+    args = {k: v for k, v in args.items() if k not in url.query}
+    if backend == "postgresql" and read_s is not None:  # a query, and so a read, ends then
+        timeout = f"-c statement_timeout={int(read_s * 1000)}"
+        args["options"] = f"{url.query.get('options', '')} {timeout}".strip()
+    return args
 
 
-def _unbounded_reads(dbapi_connection: Any, _record: object) -> None:
-    """After the handshake, a library connection's reads wait as long as its queries take."""
-    dbapi_connection._read_timeout = None  # PyMySQL has no public setter for it
+def _reads_wait(read_s: float | None, dbapi_connection: Any, _record: object) -> None:
+    """After the handshake, reads wait ``read_s`` (None: as long as the queries take)."""
+    dbapi_connection._read_timeout = read_s  # PyMySQL has no public setter for it
 
 
 def check_broker_url(broker: str | None) -> str | None:
