@@ -312,7 +312,7 @@ def test_a_host_that_never_answers_fails_fast(backend: str) -> None:
         began = time.monotonic()
         done = outbox("status", "--db", db, "--connect-timeout", "2", timeout=30)
         took = time.monotonic() - began
-    assert took < 10, f"took {took:.1f} s"
+    assert took < 12, f"took {took:.1f} s: --connect-timeout 2 was not applied"
     line = refused(done, 1, "OperationalError", f"app:***@127.0.0.1:{server.port}")
     assert done.stderr.strip() == line, "one line"
     assert "pw" not in line.replace("app:***", "")
