@@ -137,6 +137,8 @@ def mask_url(url: object) -> str:
 def _mask_db_url(url: str) -> str | None:
     if url.count("@") > 1:  # a raw '@' in the password: SQLAlchemy would split it there
         return None
+    if url.partition("://")[0] in BROKER_SCHEMES:  # spares the dialect lookup (milliseconds)
+        return None
     try:
         parsed = make_url(url)
         parsed.get_dialect()  # a database URL, not a broker's that happens to parse
