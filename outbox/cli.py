@@ -630,6 +630,8 @@ def setup_logging(urls: list[str | None]) -> None:
     logging.getLogger("py4j").setLevel(logging.WARNING)  # a line after the result or error
     logging.getLogger("alembic").setLevel(logging.WARNING)  # `migrate` prints where it ended
     for handler in logging.getLogger().handlers:
+        for old in [f for f in handler.filters if isinstance(f, Scrubber)]:
+            handler.removeFilter(old)  # main() called again in one process: this run's URLs
         handler.addFilter(Scrubber(urls))
 
 
