@@ -62,7 +62,7 @@ class Outbox:
         self.settings = Settings.from_options(options)
         self.broker_url = check_broker_url(broker)
         self._owns_engine = not isinstance(db, Engine)
-        self.engine = engine_from(db)
+        self.engine = engine_from(db, self.settings.connect_timeout_s)
         self.session_factory = session_factory or sessionmaker(self.engine)
         self._current: ContextVar[Session | None] = ContextVar("outbox_session", default=None)
         self.sweeper = sweeper
@@ -76,7 +76,8 @@ class Outbox:
 
     def __repr__(self) -> str:
         db = mask_url(self.engine.url.render_as_string(hide_password=True))
-        return f"Outbox(db={db!r}, broker={self.broker_url and mask_url(self.broker_url)!r})"
+        broker = None if self.broker_url is None else mask_url(self.broker_url)
+        return f"Outbox(db={db!r}, broker={broker!r})"
 
     def send(
         self,

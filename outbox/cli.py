@@ -1,8 +1,9 @@
 """The ``outbox`` command line.
 
 Exit codes: 0 success, 1 the operation failed (the message says why), 2 bad usage,
-3 (status only) dead messages exist. Connection strings come from flags or
-OUTBOX_DB / OUTBOX_BROKER; passwords are masked in everything printed or logged.
+3 (status only) dead messages exist. Every failure is one line on stderr; ``--debug``
+adds the traceback. Connection strings come from flags or OUTBOX_DB / OUTBOX_BROKER;
+passwords and tokens are masked in everything printed or logged.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 import signal
 import sys
 import threading
+import traceback
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -21,17 +24,32 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from outbox import migrate
-from outbox.config import Settings, check_broker_url, engine_from, iso_time, mask_url
+from outbox.config import (
+    CONNECT_TIMEOUT_S,
+    Settings,
+    check_broker_url,
+    engine_from,
+    iso_time,
+    mask_url,
+    scrub,
+)
 from outbox.errors import OutboxError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DEAD = 0, 1, 2, 3
 DRAIN_PASSES = 3
 CONNECT_WAIT_S = 10.0
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+READ_TIMEOUT_S = 60.0  # a CLI read (status, requeue, drain's count) waits this long at most
 log = logging.getLogger("outbox.cli")
 T = TypeVar("T")
+
+
+class UsageError(OutboxError):
+    """The command line is incomplete or contradictory (exit status 2)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Transactional outbox: schema, relay workers and operations.",
         epilog="Exit codes: 0 success, 1 failure, 2 bad usage, 3 dead messages (status).",
     )
+    add_debug_flag(parser, default=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     mig = commands.add_parser(
@@ -98,7 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     req.add_argument("--dead", action="store_true", help="only dead messages")
     req.add_argument("--topic", help="only this topic")
     req.add_argument(
-        "--id", dest="ids", nargs="+", default=[], metavar="MSG_ID", help="these msg_ids"
+        "--id",
+        dest="ids",
+        nargs="+",
+        type=msg_id,
+        default=[],
+        metavar="MSG_ID",
+        help="these msg_ids",
     )
 
     drn = commands.add_parser(
@@ -182,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
         "It exists to compare model B with the outbox; see the README.",
     )
     add_broker_flag(coord)
+    add_debug_flag(coord)
     coord.add_argument("--check-interval", type=float, default=60.0, help="seconds (default 60)")
     coord.add_argument(
         "--transaction-timeout",
@@ -205,12 +231,50 @@ def positive_int(text: str) -> int:
     return value
 
 
+def msg_id(text: str) -> str:
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a msg_id (a UUID): {text!r}") from None
+
+
+def add_debug_flag(parser: argparse.ArgumentParser, default: object = argparse.SUPPRESS) -> None:
+    """--debug before or after the command (a subcommand's default must not reset it)."""
+    parser.add_argument(
+        "--debug", action="store_true", default=default, help="print tracebacks of errors"
+    )
+
+
 def add_db_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db",
         default=os.environ.get("OUTBOX_DB"),
         help="SQLAlchemy database URL (default: $OUTBOX_DB)",
     )
+    parser.add_argument(
+        "--connect-timeout",
+        type=positive_float,
+        default=os.environ.get("OUTBOX_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S),
+        metavar="SECONDS",
+        help="give up connecting to the database after this long "
+        f"(default: $OUTBOX_CONNECT_TIMEOUT or {CONNECT_TIMEOUT_S:.0f})",
+    )
+    add_debug_flag(parser)
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text!r}")
+    return value
+
+
+def database(args: argparse.Namespace, reads: bool = False) -> Engine:
+    """The engine for --db, with the command line's timeouts (reads bounded when asked)."""
+    return engine_from(args.db, args.connect_timeout, READ_TIMEOUT_S if reads else None)
 
 
 def add_broker_flag(parser: argparse.ArgumentParser) -> None:
@@ -225,8 +289,15 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if args.sql:
         migrate.upgrade_sql(args.db, args.revision)
         return EXIT_OK
-    migrate.upgrade(args.db, args.revision)
-    print(f"outbox schema at {migrate.current_revision(args.db)} in {mask_url(args.db)}")
+    engine = database(args)
+    try:
+        migrate.upgrade(engine, args.revision)
+        if args.revision == "head":
+            migrate.require_schema(engine)  # at head, yet columns missing: say so
+        revision = migrate.current_revision(engine)
+    finally:
+        engine.dispose()
+    print(f"outbox schema at {revision} in {mask_url(args.db)}")
     return EXIT_OK
 
 
@@ -235,18 +306,17 @@ def cmd_relay(args: argparse.Namespace) -> int:
     from relay.loop import BrokerLoop
     from relay.worker import RelayJobs
 
+    defer_stop_signals()
     settings = Settings(sweep_interval_s=args.interval, retention_s=args.retention_days * 86400)
-    engine = engine_from(args.db)
+    engine = database(args)
+    migrate.require_schema(engine)
     relay = BrokerLoop(broker_for(check_broker_url(args.broker) or ""), name="outbox-worker")
     jobs = RelayJobs(engine, relay, settings, concurrency=args.concurrency)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     metrics = serve_metrics(jobs, args.metrics_port, args.metrics_addr)  # fails before starting
     relay.start()
     jobs.start()
     log.info("relay worker started: db=%s broker=%s", mask_url(args.db), mask_url(args.broker))
-    stop.wait()
+    signal.sigwait(STOP_SIGNALS)
     if metrics is not None:
         metrics.shutdown()
     log.info("stopping (deadline %.0f s)", args.stop_timeout)
@@ -256,6 +326,13 @@ def cmd_relay(args: argparse.Namespace) -> int:
     totals = jobs.sweeper.totals
     log.info("relay worker stopped: sent=%d dead=%d", totals.sent, totals.dead)
     return EXIT_OK
+
+
+def defer_stop_signals() -> None:
+    """SIGTERM and SIGINT wait for ``signal.sigwait``: called before any thread starts
+    (threads inherit the mask). A Python handler that sets an Event can deadlock on the
+    Event's own lock when it interrupts the main thread inside ``Event.wait``."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
 
 def serve_metrics(jobs: Any, port: int | None, addr: str) -> Any:
@@ -274,11 +351,14 @@ def serve_metrics(jobs: Any, port: int | None, addr: str) -> Any:
 def cmd_status(args: argparse.Namespace) -> int:
     from relay import store
 
-    engine = engine_from(args.db)
-    with engine.connect() as conn:
-        now = store.db_clock(conn)
-        topics = store.status_by_topic(conn, now)
-    engine.dispose()
+    engine = database(args, reads=True)
+    try:
+        migrate.require_schema(engine)
+        with engine.connect() as conn:
+            now = store.db_clock(conn)
+            topics = store.status_by_topic(conn, now)
+    finally:
+        engine.dispose()
     for row in topics:
         oldest = row.pop("oldest_pending")
         row["oldest_pending_age_s"] = round(age_seconds(now, oldest), 3) if oldest else None
@@ -314,15 +394,14 @@ def cmd_requeue(args: argparse.Namespace) -> int:
     from relay import store
 
     if not (args.dead or args.topic or args.ids):
-        print(
-            "outbox requeue: give --dead, --topic or --id (refusing to requeue everything)",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    engine = engine_from(args.db)
-    with engine.begin() as conn:
-        count = conn.execute(store.requeue_stmt(args.dead, args.topic, args.ids)).rowcount
-    engine.dispose()
+        raise UsageError("give --dead, --topic or --id (refusing to requeue everything)")
+    engine = database(args, reads=True)
+    try:
+        migrate.require_schema(engine)
+        with engine.begin() as conn:
+            count = conn.execute(store.requeue_stmt(args.dead, args.topic, args.ids)).rowcount
+    finally:
+        engine.dispose()
     print(f"requeued {count} message(s)")
     return EXIT_OK
 
@@ -333,9 +412,14 @@ def cmd_drain(args: argparse.Namespace) -> int:
     from relay.loop import BrokerLoop
     from relay.sweeper import Sweeper
 
-    engine = engine_from(args.db)
-    with engine.connect() as conn:
-        total = store.pending_count(conn)
+    engine = database(args)
+    try:
+        migrate.require_schema(engine)
+        with engine.connect() as conn:
+            total = store.pending_count(conn)
+    except BaseException:
+        engine.dispose()
+        raise
     relay = BrokerLoop(broker_for(check_broker_url(args.broker) or ""), name="outbox-drain")
     relay.start()
     with repeats_dropped():  # the adapter retries, and warns, every 0.2 s
@@ -415,13 +499,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not folder.is_dir():  # before any connection: nothing to undo then
         raise OutboxError(f"--out {args.out}: no folder {folder}")
     if args.what == "ledger":
-        if args.db is None:
-            raise OutboxError("--db is required (or set OUTBOX_DB)")
-        count = export.export_ledger(args.db, args.out, args.since, args.until)
+        db = required(args.db, "--db", "a ledger export (or set OUTBOX_DB)")
+        count = export.export_ledger(db, args.out, args.since, args.until)
     elif args.what == "records":
-        if args.db is None:
-            raise OutboxError("--db is required (or set OUTBOX_DB)")
-        count = export.export_records(args.db, args.out, args.since, args.until)
+        db = required(args.db, "--db", "a records export (or set OUTBOX_DB)")
+        count = export.export_records(db, args.out, args.since, args.until)
     elif args.what == "halfop":
         broker = required(args.broker, "--broker", "a half/op export (or set OUTBOX_BROKER)")
         count = export.export_halfop_nats(broker, args.out, args.since, args.until)
@@ -435,8 +517,7 @@ def export_broker(args: argparse.Namespace) -> int:
     """The broker's log, read the way its URL's scheme says."""
     from spark_jobs import export
 
-    if not args.broker:
-        raise OutboxError("--broker is required for a broker export (or set OUTBOX_BROKER)")
+    required(args.broker, "--broker", "a broker export (or set OUTBOX_BROKER)")
     scheme = urlsplit(args.broker).scheme
     window = (args.out, args.since, args.until)
     if scheme == "nats":
@@ -453,7 +534,7 @@ def export_broker(args: argparse.Namespace) -> int:
 
 def required(value: T | None, flag: str, purpose: str) -> T:
     if not value:
-        raise OutboxError(f"{flag} is required for {purpose}")
+        raise UsageError(f"{flag} is required for {purpose}")
     return value
 
 
@@ -473,18 +554,16 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from relay.coordinator import Coordinator, CoordinatorSettings
 
+    defer_stop_signals()
     settings = CoordinatorSettings(
         check_interval_s=args.check_interval,
         transaction_timeout_s=args.transaction_timeout,
         check_max=args.check_max,
     )
     coordinator = Coordinator(args.broker, settings)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     coordinator.start()
     log.info("coordinator started: broker=%s", mask_url(args.broker))
-    stop.wait()
+    signal.sigwait(STOP_SIGNALS)
     coordinator.stop()
     log.info("coordinator stopped: %s", coordinator.stats)
     return EXIT_OK
@@ -505,37 +584,86 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["compare"]:  # its own parser: spark_jobs/compare.py runs unchanged alone
-        from spark_jobs import compare
-
-        return compare.main(argv[1:])
+        return run_compare(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "db", "") is None and args.command != "export":
         parser.error("--db is required (or set OUTBOX_DB)")
     if getattr(args, "broker", "") is None and args.command != "export":
         parser.error("--broker is required (or set OUTBOX_BROKER)")
+    urls = [getattr(args, name, None) for name in ("db", "broker", "ledger")]
+    setup_logging(urls)
+    try:
+        if getattr(args, "broker", None):
+            check_broker_url(args.broker)  # a bad broker URL fails before any DB work
+        return COMMANDS[args.command](args)
+    except Exception as exc:  # one line, whatever failed; --debug for the traceback
+        return report_error(args.command, exc, urls, args.debug, getattr(args, "db", None))
+
+
+def run_compare(argv: list[str]) -> int:
+    from spark_jobs import compare
+
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        return compare.main(argv)
+    except Exception as exc:
+        return report_error("compare", exc, [os.environ.get("OUTBOX_DB")], debug)
+
+
+def report_error(
+    command: str, exc: Exception, urls: list[str | None], debug: bool, db: str | None = None
+) -> int:
+    if debug:
+        print(scrub(traceback.format_exc(), urls), file=sys.stderr, end="")
+    line = scrub(f"outbox {command}: {describe_error(exc, db)}", urls)
+    print(line, file=sys.stderr)
+    return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
+
+
+def setup_logging(urls: list[str | None]) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # two lines a second, idle
     logging.getLogger("py4j").setLevel(logging.WARNING)  # a line after the result or error
-    try:
-        if getattr(args, "broker", None):
-            check_broker_url(args.broker)  # a bad broker URL fails before any DB work
-        return COMMANDS[args.command](args)
-    except (OutboxError, SQLAlchemyError, OSError) as exc:  # OSError: files, sockets
-        print(f"outbox {args.command}: {describe_error(exc)}", file=sys.stderr)
-        return EXIT_FAILED
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # `migrate` prints where it ended
+    for handler in logging.getLogger().handlers:
+        for old in [f for f in handler.filters if isinstance(f, Scrubber)]:
+            handler.removeFilter(old)  # main() called again in one process: this run's URLs
+        handler.addFilter(Scrubber(urls))
 
 
-def describe_error(exc: Exception) -> str:
-    """One line, without the SQL echo or a password."""
+class Scrubber(logging.Filter):
+    """Takes the URLs' secrets out of every log line, whoever wrote it (client libraries too)."""
+
+    def __init__(self, urls: list[str | None]) -> None:
+        super().__init__()
+        self.urls = urls
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = scrub(record.getMessage(), self.urls), None
+        if record.exc_info:
+            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info), self.urls)
+        return True
+
+
+def describe_error(exc: Exception, db: str | None = None) -> str:
+    """One line, without the SQL echo or a password; a database error names the database."""
+    if isinstance(exc, OutboxError):
+        return " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, SQLAlchemyError):
         orig = getattr(exc, "orig", None)
-        text = str(orig if orig is not None else exc).strip().splitlines()[0]
-        hint = " (run `outbox migrate` first)" if "outbox_message" in text else ""
-        return f"{type(exc).__name__}: {text}{hint}"
-    return " ".join(str(exc).split()) or type(exc).__name__
+        text = first_line(str(orig if orig is not None else exc))
+        where = f" (database {mask_url(db)})" if db else ""
+        return f"{type(exc).__name__}: {text}{where}"
+    return f"{type(exc).__name__}: {first_line(str(exc))}"
+
+
+def first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return " ".join(lines[0].split()) if lines else ""
 
 
 if __name__ == "__main__":

@@ -3,24 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import math
+import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import URL, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.pool import NullPool
 
 from outbox.errors import ConfigError
 
+CONNECT_TIMEOUT_S = 10.0  # a database host that does not answer fails after this
 RETRY_DELAYS_MS = (0, 5, 10, 25, 50, 100, 200, 300, 500, 800, 1000, 1000, 1000)
 BROKER_SCHEMES = ("nats", "amqp", "amqps", "redis", "rediss", "memory")
 MARK_MODES = ("keep", "delete")
+MIN_SCRUBBED = 3  # shorter "secrets" would garble every message they are scrubbed from
+RESERVED = re.compile(r"[:/?#\[\]@!$&'()*+,;=%\s]+")  # URL delimiters, and space
+USER_SCHEMES = ("amqp", "amqps", "redis", "rediss")  # userinfo: a user name, then a password
+# password=, sslpassword=, token=, auth_token=, secret=, ...: masked wherever they appear.
+SECRET_PARAM = re.compile(r"([?&;][^=&#]*(?:pass|pwd|token|secret)[^=&#]*=)([^&#]*)", re.I)
 INT_OPTIONS = (
     "max_payload_bytes",
     "queue_size",
@@ -41,6 +50,7 @@ TIME_OPTIONS = (
     "backoff_cap_s",
     "publish_timeout_s",
     "retention_s",
+    "connect_timeout_s",
 )
 
 
@@ -75,6 +85,7 @@ class Settings:
     publish_timeout_s: float = 10.0  # a sweep waits this long for the broker's answers
     retention_s: float = 3 * 24 * 3600.0  # sent rows are kept this long (the ledger)
     purge_batch: int = 1000  # sent rows deleted per retention statement
+    connect_timeout_s: float = CONNECT_TIMEOUT_S  # for the engine the outbox creates from a URL
 
     def __post_init__(self) -> None:
         for name in INT_OPTIONS:
@@ -109,25 +120,119 @@ class Settings:
         return cls(**options)
 
 
-def mask_url(url: str) -> str:
-    """The URL with its password replaced, fit for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
+def mask_url(url: object) -> str:
+    """The URL without its secrets, fit for logs, errors and reports.
+
+    Database URLs go through SQLAlchemy's own parser. Anything else (broker URLs, and
+    what SQLAlchemy cannot split unambiguously) loses its whole userinfo but an
+    AMQP/Redis user name: urlsplit, which the broker clients use, stops at a raw '/',
+    '?' or '#' in a password and would print the rest, and a NATS userinfo may be a
+    token. Secret query parameters (``password``, ``token``, ...) are masked either way.
+    """
+    text = str(url)
+    masked = _mask_db_url(text)
+    return _mask_query(masked if masked is not None else _mask_userinfo(text))
+
+
+def _mask_db_url(url: str) -> str | None:
+    if url.count("@") > 1:  # a raw '@' in the password: SQLAlchemy would split it there
+        return None
+    if url.partition("://")[0] in BROKER_SCHEMES:  # spares the dialect lookup (milliseconds)
+        return None
+    try:
+        parsed = make_url(url)
+        parsed.get_dialect()  # a database URL, not a broker's that happens to parse
+    except (ArgumentError, NoSuchModuleError, ValueError, ImportError):
+        return None
+    return parsed.render_as_string(hide_password=True)
+
+
+def _mask_userinfo(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")  # the last '@': the host cannot hold one
+    if not sep or not at:
         return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
+    user, colon, _ = userinfo.partition(":")
+    if not colon and scheme in USER_SCHEMES:
+        return url  # a user name alone
+    kept = f"{user}:***" if colon and scheme in USER_SCHEMES else "***"
+    return f"{scheme}://{kept}@{host}"
 
 
-def engine_from(db: str | Engine) -> Engine:
-    """An Engine for a database URL, or the app's own Engine as it is."""
+def _mask_query(url: str) -> str:
+    return SECRET_PARAM.sub(r"\1***", url)
+
+
+def secrets_of(url: str) -> list[str]:
+    """The secrets a URL holds, as written and percent-decoded, for scrubbing free text."""
+    scheme, _, rest = url.partition("://")
+    user, colon, password = rest.rpartition("@")[0].partition(":")
+    named = scheme in USER_SCHEMES or _mask_db_url(url) is not None  # a user, not a token
+    found = [password if colon else "" if named else user]
+    found += [m.group(2) for m in SECRET_PARAM.finditer(url)]
+    found += [unquote(s) for s in found]
+    # A driver that mis-parses a raw password echoes a piece of it (as a host name, say).
+    found += [piece for s in found for piece in RESERVED.split(s)]
+    return sorted({s for s in found if len(s) >= MIN_SCRUBBED}, key=len, reverse=True)
+
+
+def scrub(text: str, urls: Iterable[str | None]) -> str:
+    """``text`` with every secret of ``urls`` replaced, for messages written by others."""
+    for url in urls:
+        for secret in secrets_of(url) if url else ():
+            text = text.replace(secret, "***")
+    return text
+
+
+def engine_from(
+    db: str | Engine,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    read_timeout_s: float | None = None,
+    **kw: Any,
+) -> Engine:
+    """An Engine for a database URL, or the app's own Engine as it is.
+
+    Connecting gives up after ``connect_timeout_s`` (a host that accepts TCP and never
+    answers would hang a connect forever); ``read_timeout_s`` bounds every read too,
+    for commands that must not wait forever. Parameters in the URL win.
+    """
     if isinstance(db, Engine):
         return db
     if not isinstance(db, str) or not db:
         raise ConfigError("db: must be a SQLAlchemy URL string or an Engine")
     try:
-        return create_engine(make_url(db))
+        url = make_url(db)
+        args = timeouts(url, connect_timeout_s, read_timeout_s)
+        engine = create_engine(url, connect_args=args, **kw)
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
         raise ConfigError(f"db: cannot use {mask_url(db)!r}: {exc}") from None
+    if url.get_backend_name() in ("mysql", "mariadb"):
+        event.listen(engine, "connect", functools.partial(_reads_wait, read_timeout_s))
+    return engine
+
+
+def timeouts(url: URL, connect_s: float, read_s: float | None) -> dict[str, Any]:
+    """The driver's own connect (and read) timeout arguments for ``url``'s backend."""
+    backend = url.get_backend_name()
+    args: dict[str, Any] = {}
+    if backend == "postgresql":  # libpq: whole seconds, at least 2
+        args["connect_timeout"] = max(2, math.ceil(connect_s))
+    elif backend in ("mysql", "mariadb"):  # PyMySQL reads the server's greeting with read_timeout
+        args = {"connect_timeout": connect_s, "read_timeout": connect_s}
+        if read_s is not None:
+            args["write_timeout"] = read_s
+    elif backend == "sqlite":  # how long a write waits for another's lock
+        args["timeout"] = connect_s
+    args = {k: v for k, v in args.items() if k not in url.query}
+    if backend == "postgresql" and read_s is not None:  # a query, and so a read, ends then
+        timeout = f"-c statement_timeout={int(read_s * 1000)}"
+        args["options"] = f"{url.query.get('options', '')} {timeout}".strip()
+    return args
+
+
+def _reads_wait(read_s: float | None, dbapi_connection: Any, _record: object) -> None:
+    """After the handshake, reads wait ``read_s`` (None: as long as the queries take)."""
+    dbapi_connection._read_timeout = read_s  # PyMySQL has no public setter for it
 
 
 def check_broker_url(broker: str | None) -> str | None:
@@ -156,7 +261,7 @@ def schema_url(db: str, schema: str) -> str:
 def scratch_schema(db: str, prefix: str = "scratch") -> Iterator[str]:
     """A new, empty PostgreSQL schema for the block (its URL), dropped afterwards."""
     schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(db, poolclass=NullPool)
+    admin = engine_from(db, poolclass=NullPool)
     with admin.begin() as conn:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
     try:

@@ -45,11 +45,11 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import Engine, create_engine, event, func, select
+from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session
 
 from outbox import Outbox
-from outbox.config import with_query
+from outbox.config import engine_from, with_query
 from outbox.halfop import (
     LocalTransactionState,
     SendStatus,
@@ -239,7 +239,7 @@ class Run:
         self.delivered = Delivered(nats_url, self.stream)
         self._lock = threading.Lock()
         self._pending_settles: list[tuple[FaultRecord, set[str]]] = []
-        self.engine = create_engine(
+        self.engine = engine_from(
             with_query(db, application_name=self.app_name),
             pool_size=w.concurrency + 4,
             pool_pre_ping=True,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from outbox import migrate
-from outbox.config import scratch_schema
+from outbox.config import mask_url, scratch_schema
 from relay.compare import FAULTS, RunResult, Workload, run_models
 from relay.embedded import NatsServer
 from spark_jobs import export
@@ -246,6 +246,12 @@ def print_table(models: dict[str, dict[str, Any]], workload: Workload) -> None:
     print("\n".join(lines))
 
 
+def report_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's options for compare.json, its URLs masked."""
+    urls = {name: mask_url(getattr(args, name)) for name in ("db", "broker") if getattr(args, name)}
+    return {**vars(args), **urls}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -264,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         inputs = {r.model: export_inputs(db, url, r, out / r.model) for r in results}
     models = reconcile_both(inputs, results, out, args.master)
     (out / "compare.json").write_text(
-        json.dumps({"workload": vars(args), "models": models}, indent=2, default=str)
+        json.dumps({"workload": report_args(args), "models": models}, indent=2, default=str)
     )
     write_html(out / "compare.html", models, workload)
     print_table(models, workload)

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from outbox.config import iso_time
+from outbox.config import iso_time, scrub
 from spark_jobs.schema import BROKER, HALFOP_LOG, LEDGER, RECORDS
 
 EXIT_FAILED, EXIT_DISCREPANCY = 1, 2
@@ -304,8 +304,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "reconcile") -> int:
     try:
         check_inputs(args.ledger, args.broker_log, args.halfop_log, args.out)
         summary = run_on_spark(args)
-    except JobError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+    except JobError as exc:  # Spark's text may echo an input's URL, credentials and all
+        inputs = [args.ledger, args.broker_log, args.halfop_log]
+        print(scrub(f"{prog}: {exc}", inputs), file=sys.stderr)
         return EXIT_FAILED
     total = summary["total"]
     print(json.dumps(total, default=str))

@@ -9,14 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from alembic import context
-from sqlalchemy import Connection, create_engine, text
+from sqlalchemy import Connection
 from sqlalchemy.pool import NullPool
 
-from outbox.migrate import VERSION_TABLE
+from outbox.config import engine_from
+from outbox.migrate import VERSION_TABLE, migration_lock
 from outbox.table import metadata
-
-# Any number taken only by us; serialises concurrent `outbox migrate` runs on PostgreSQL.
-PG_LOCK_KEY = 0x0B0C5_2024
 
 
 def include_object(
@@ -39,11 +37,12 @@ def configure(**kw: Any) -> None:
 
 
 def run_online(connection: Connection) -> None:
-    configure(connection=connection, render_as_batch=connection.dialect.name == "sqlite")
-    with context.begin_transaction():
-        if connection.dialect.name == "postgresql":
-            connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PG_LOCK_KEY})
-        context.run_migrations()
+    # The lock opens the transaction, so Alembic sees it as the caller's and commits
+    # nothing itself: the lock is held until the caller's COMMIT.
+    with migration_lock(connection):
+        configure(connection=connection, render_as_batch=connection.dialect.name == "sqlite")
+        with context.begin_transaction():
+            context.run_migrations()
 
 
 def main() -> None:
@@ -57,7 +56,7 @@ def main() -> None:
     if connection is not None:
         run_online(connection)
         return
-    engine = create_engine(config.get_main_option("sqlalchemy.url") or "", poolclass=NullPool)
+    engine = engine_from(config.get_main_option("sqlalchemy.url") or "", poolclass=NullPool)
     with engine.connect() as conn:
         run_online(conn)
         conn.commit()

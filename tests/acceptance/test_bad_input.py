@@ -11,8 +11,10 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -267,3 +269,84 @@ def test_a_half_without_real_topic_does_not_stop_the_coordinator(
         _, log = coordinator.communicate(timeout=30)
     assert coordinator.returncode == 0, log
     assert stored(url, name) == [good.msg_id], "the bad half reached a real topic"
+
+
+class SilentServer:
+    """A TCP server that accepts connections and never says a word (a hung host)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:  # closed: the test is over
+                return
+
+    def __enter__(self) -> SilentServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+        self.thread.join(5)
+        for conn in self.held:
+            conn.close()
+
+
+SILENT_URLS = {
+    "postgresql": "postgresql+psycopg://app:pw@127.0.0.1:{port}/x",
+    "mariadb": "mysql+pymysql://app:pw@127.0.0.1:{port}/x",
+}
+
+
+@pytest.mark.parametrize("backend", sorted(SILENT_URLS))
+def test_a_host_that_never_answers_fails_fast(backend: str) -> None:
+    """`outbox status` against a host that accepts TCP and then hangs: one line, exit 1, soon."""
+    with SilentServer() as server:
+        db = SILENT_URLS[backend].format(port=server.port)
+        began = time.monotonic()
+        done = outbox("status", "--db", db, "--connect-timeout", "2", timeout=30)
+        took = time.monotonic() - began
+    assert took < 12, f"took {took:.1f} s: --connect-timeout 2 was not applied"
+    line = refused(done, 1, "OperationalError", f"app:***@127.0.0.1:{server.port}")
+    assert done.stderr.strip() == line, "one line"
+    assert "pw" not in line.replace("app:***", "")
+
+
+@pytest.mark.parametrize("backend", sorted(SILENT_URLS))
+def test_the_library_engine_gives_up_on_a_silent_host(backend: str) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    from outbox import Outbox
+
+    with SilentServer() as server:
+        ob = Outbox(SILENT_URLS[backend].format(port=server.port), connect_timeout_s=1)
+        began = time.monotonic()
+        with pytest.raises(OperationalError):
+            ob.engine.connect()
+        took = time.monotonic() - began
+        ob.stop()
+    assert took < 8, f"took {took:.1f} s"
+
+
+def test_the_connect_timeout_comes_from_the_environment_too() -> None:
+    with SilentServer() as server:
+        db = SILENT_URLS["postgresql"].format(port=server.port)
+        began = time.monotonic()
+        done = subprocess.run(
+            [OUTBOX, "status", "--db", db], capture_output=True, text=True, timeout=30,
+            env={**ENV, "OUTBOX_CONNECT_TIMEOUT": "2"}, check=False,
+        )  # fmt: skip
+        took = time.monotonic() - began
+    refused(done, 1, "OperationalError")
+    assert took < 10, f"took {took:.1f} s: the default 10 s, not the environment's 2 s"
+
+
+def test_a_msg_id_that_is_no_uuid_is_a_usage_error() -> None:
+    line = refused(outbox("requeue", "--db", "sqlite://", "--id", "not-a-uuid"), 2, "--id")
+    assert "'not-a-uuid'" in line and "UUID" in line

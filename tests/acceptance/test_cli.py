@@ -13,11 +13,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, func, select, update
+from sqlalchemy import create_engine, func, inspect, select, text, update
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from outbox import Outbox, migrate, outbox_message
+from outbox import cli as cli_module
 from relay.brokers.nats import read_stream
 from relay.embedded import NatsServer
 from tests.helpers import AlwaysCommits, wait_until
@@ -220,3 +221,87 @@ def test_drain_with_the_broker_down_touches_nothing(pg_url: str) -> None:
     done = cli("drain", "--db", pg_url, "--broker", f"nats://127.0.0.1:{free_port()}", timeout=60)
     assert done.returncode == 1 and "unreachable; nothing was touched" in done.stderr
     assert count(pg_url, "pending") == 10
+
+
+def execute(db: str, *statements: str) -> None:
+    engine = create_engine(db, poolclass=NullPool)
+    with engine.begin() as conn:
+        for statement in statements:
+            conn.execute(text(statement))
+    engine.dispose()
+
+
+def test_hint_no_table_says_migrate(db_url: str) -> None:
+    done = cli("status", "--db", db_url)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "no outbox tables" in done.stderr and "run `outbox migrate` first" in done.stderr
+    assert cli("migrate", "--db", db_url).returncode == 0
+    assert cli("status", "--db", db_url).returncode == 0, "the hint was true"
+
+
+def test_hint_foreign_table_is_not_ours_to_migrate(db_url: str) -> None:
+    execute(db_url, "CREATE TABLE outbox_message (id INTEGER PRIMARY KEY, body TEXT)")
+    for command in ("status", "migrate", "requeue"):
+        done = cli(command, "--db", db_url, *(["--dead"] if command == "requeue" else []))
+        assert done.returncode == 1, done.stderr
+        [line] = done.stderr.strip().splitlines()
+        assert "outbox-relay did not create" in line, line
+        assert "run `outbox migrate`" not in line, "advises the command that cannot fix it"
+    assert "outbox_alembic_version" not in tables_of(db_url), "migrate touched nothing"
+
+
+def test_hint_missing_column_is_not_ours_to_repair(db_url: str) -> None:
+    migrate.upgrade(db_url)
+    execute(db_url, "ALTER TABLE outbox_message DROP COLUMN receipt")
+    for command in ("status", "migrate"):
+        done = cli(command, "--db", db_url)
+        assert done.returncode == 1, done.stderr
+        [line] = done.stderr.strip().splitlines()
+        assert "lacks column(s) receipt" in line and "will not repair" in line, line
+
+
+def test_hint_schema_behind_says_migrate(pg_url: str) -> None:
+    migrate.upgrade(pg_url, "0001")
+    done = cli("status", "--db", pg_url)
+    assert done.returncode == 1
+    assert "at revision 0001" in done.stderr and "run `outbox migrate`" in done.stderr
+    assert cli("migrate", "--db", pg_url).returncode == 0
+    assert cli("status", "--db", pg_url).returncode == 0, "the hint was true"
+
+
+def test_hint_schema_ahead_says_upgrade_the_package(pg_url: str) -> None:
+    migrate.upgrade(pg_url)
+    execute(pg_url, f"UPDATE {migrate.VERSION_TABLE} SET version_num = '0099'")
+    for command in ("status", "migrate"):
+        done = cli(command, "--db", pg_url)
+        assert done.returncode == 1, done.stderr
+        [line] = done.stderr.strip().splitlines()
+        assert "at revision 0099" in line and "upgrade outbox-relay" in line, line
+        assert "run `outbox migrate`" not in line
+
+
+def tables_of(db: str) -> set[str]:
+    engine = create_engine(db, poolclass=NullPool)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def boom(args: object) -> int:
+    raise RuntimeError("the client library failed\nsecond line")
+
+
+def test_an_unexpected_error_is_one_line_and_debug_shows_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(cli_module.COMMANDS, "status", boom)
+    assert cli_module.main(["status", "--db", "sqlite://"]) == 1
+    err = capsys.readouterr().err
+    assert err == "outbox status: RuntimeError: the client library failed\n"
+    assert cli_module.main(["--debug", "status", "--db", "sqlite://"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "in boom" in err
+    assert err.endswith("outbox status: RuntimeError: the client library failed\n")
+    assert cli_module.main(["status", "--db", "sqlite://", "--debug"]) == 1
+    assert "Traceback" in capsys.readouterr().err, "--debug after the command works too"
