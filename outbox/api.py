@@ -17,7 +17,7 @@ from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from outbox import tracing
-from outbox.config import Settings, check_broker_url, engine_from, mask_url
+from outbox.config import Settings, check_broker_url, engine_from, mask_url, url_of
 from outbox.errors import ConfigError, WrongDatabase
 from outbox.message import Message, build_message
 from outbox.table import outbox_message
@@ -75,7 +75,7 @@ class Outbox:
         self.handed_off = 0  # of those, taken by the in-process relay
 
     def __repr__(self) -> str:
-        db = mask_url(self.engine.url.render_as_string(hide_password=True))
+        db = url_of(self.engine)
         broker = None if self.broker_url is None else mask_url(self.broker_url)
         return f"Outbox(db={db!r}, broker={broker!r})"
 
@@ -219,8 +219,8 @@ class Outbox:
         engine = bind.engine if isinstance(bind, Connection) else bind
         if engine is not self.engine and engine.url != self.engine.url:
             raise WrongDatabase(
-                f"session: bound to {engine.url.render_as_string(hide_password=True)}, "
-                f"but this outbox writes to {self.engine.url.render_as_string(hide_password=True)}"
+                f"session: bound to {url_of(engine)}, "
+                f"but this outbox writes to {url_of(self.engine)}"
             )
         return session
 

@@ -120,6 +120,11 @@ class Settings:
         return cls(**options)
 
 
+def url_of(engine: Engine) -> str:
+    """The engine's URL for output: password and password-like query parameters masked."""
+    return mask_url(engine.url.render_as_string(hide_password=True))
+
+
 def mask_url(url: object) -> str:
     """The URL without its secrets, fit for logs, errors and reports.
 

@@ -17,7 +17,7 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect, text
 
-from outbox.config import engine_from, mask_url
+from outbox.config import engine_from, url_of
 from outbox.errors import OutboxError
 from outbox.table import metadata
 
@@ -94,7 +94,7 @@ def schema_problem(conn: Connection) -> SchemaProblem | None:
     Each case has its own cure, so each has its own message: no table (migrate), a
     table another tool made (not ours to touch), behind (migrate), ahead (upgrade).
     """
-    where = mask_url(conn.engine.url.render_as_string(hide_password=True))
+    where = url_of(conn.engine)
     names = set(inspect(conn).get_table_names())
     if MESSAGE_TABLE not in names:
         return SchemaProblem(f"no outbox tables in {where}: run `outbox migrate` first", True)
