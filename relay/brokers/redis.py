@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import redis.asyncio as aioredis
 import redis.exceptions
@@ -33,6 +33,7 @@ from relay.brokers.base import (
     unexpected,
 )
 
+OUR_OPTIONS = ("prefix", "maxlen", "timeout")
 RETRYABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
@@ -40,7 +41,9 @@ class RedisBroker(Broker):
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
         query = parse_qs(parts.query)
-        self.url = parts._replace(query="").geturl()
+        # Our options leave the URL; the rest (password=, ssl_cert_reqs=, ...) is redis-py's.
+        theirs = {k: v for k, v in query.items() if k not in OUR_OPTIONS}
+        self.url = parts._replace(query=urlencode(theirs, doseq=True)).geturl()
         self.prefix = query.get("prefix", [""])[-1]
         try:
             maxlen = query.get("maxlen", [None])[-1]

@@ -303,3 +303,18 @@ def test_retry_while_down_and_publish_again_after_restart(restartable: Harness) 
     assert all(r.ok for r in out["before"])
     assert [r.outcome for r in out["down"]] == [Outcome.RETRY] * 3
     assert all(r.ok for r in out["after"]), [r.error for r in out["after"]]
+
+
+def test_redis_driver_options_in_the_url_reach_the_driver() -> None:
+    """``?password=`` is redis-py's option, not ours: the adapter keeps it in the URL it
+    hands to redis-py (it used to drop the whole query, so the password never reached
+    the server) and takes only its own options out."""
+    import redis.asyncio as aioredis
+
+    from relay.brokers.redis import RedisBroker
+
+    broker = RedisBroker("redis://127.0.0.1:6379/0?password=pw-in-query&prefix=x:&maxlen=5")
+    assert (broker.prefix, broker.maxlen) == ("x:", 5)
+    options = aioredis.from_url(broker.url).connection_pool.connection_kwargs
+    assert options["password"] == "pw-in-query"
+    assert "prefix" not in options and "maxlen" not in options
