@@ -16,7 +16,7 @@ import redis
 
 from outbox.message import DEDUP_HEADER
 from relay.brokers.nats import read_stream
-from relay.embedded import NatsServer
+from relay.testing.embedded import NatsServer
 
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 REDIS_URL = "redis://127.0.0.1:6379/0"

@@ -24,10 +24,10 @@ import redis
 from outbox.message import Message, build_message
 from relay.brokers import broker_for
 from relay.brokers.base import Broker, Outcome, permanent, relay_headers
-from relay.brokers.memory import MemoryBroker
 from relay.brokers.nats import read_stream
-from relay.embedded import NatsServer
-from relay.faults import TcpProxy
+from relay.testing.embedded import NatsServer
+from relay.testing.faults import TcpProxy
+from relay.testing.memory import MemoryBroker
 from tests.servers import RedisServer
 
 

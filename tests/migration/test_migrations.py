@@ -152,7 +152,7 @@ def test_migrate_works_from_a_wheel(tmp_path: Path, sqlite_url: str) -> None:
         timeout=300,
     )
     code = (
-        "import outbox, sys; from outbox.cli import main;"
+        "import outbox, sys; from relay.cli import main;"
         f"assert outbox.__file__.startswith({str(target)!r}), outbox.__file__;"
         f"sys.exit(main(['migrate', '--db', {sqlite_url!r}]))"
     )

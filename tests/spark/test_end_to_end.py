@@ -15,13 +15,15 @@ from pyspark.sql import SparkSession
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from outbox import Outbox, cli, migrate
-from outbox.halfop import SqlTransactionListener, TransactionProducer
+from outbox import Outbox, migrate
+from relay import cli
 from relay.brokers.nats import create_stream
-from relay.coordinator import Coordinator, CoordinatorSettings
-from relay.embedded import NatsServer
-from relay.workload import business, place_order
-from spark_jobs.reconcile import Window, run
+from relay.compare.workload import business, place_order
+from relay.halfop.coordinator import Coordinator, CoordinatorSettings
+from relay.halfop.producer import SqlTransactionListener, TransactionProducer
+from relay.testing.embedded import NatsServer
+from spark_jobs.reconcile import Window
+from spark_jobs.reconciliation import reconcile
 from tests.helpers import wait_until
 
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
@@ -171,7 +173,7 @@ def test_model_b_run_reconciled_from_records_halfs_ops_and_the_real_stream(
     try:
         create_stream(nats_server.url, name, f"{prefix}.>")
         producer.start()
-        producer._link.drop_end_requests = True
+        producer.drop_end_requests = True
         for i in range(40):  # every fourth order is rejected: 30 commit
             producer.send_in_transaction(
                 f"{prefix}.orders", b"{}", {"sku": f"S{i}", "fail": i % 4 == 0}
@@ -200,7 +202,7 @@ def test_model_b_run_reconciled_from_records_halfs_ops_and_the_real_stream(
     assert cli.main([*broker, "--out", files["broker"]]) == 0
     window = Window(start, datetime.now(UTC) + timedelta(seconds=120), sla_s=60)
     out = tmp_path / "report"
-    summary = run(spark, files["records"], files["broker"], out, window, files["halfop"])
+    summary = reconcile(spark, files["records"], files["broker"], out, window, files["halfop"])
     total = summary["total"]
     assert (total["committed"], total["delivered"], total["lost"], total["phantom"]) == (
         30,
