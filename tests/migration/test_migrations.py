@@ -134,6 +134,7 @@ def test_migrate_works_from_a_wheel(tmp_path: Path, sqlite_url: str) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for shipped in ("env.py", "script.py.mako", "versions/0001_outbox_message.py"):
         assert f"outbox/migrations/{shipped}" in names
+    assert not [n for n in names if n.startswith("migrations/")], "no top-level package"
     target = tmp_path / "site"
     subprocess.run(
         [
