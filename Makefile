@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-dev
 SERVICES := postgres mariadb rabbitmq redis
 JDBC_JAR := /usr/share/java/postgresql.jar
 
-.PHONY: demo test lint typecheck check services bench clean
+.PHONY: demo test lint typecheck imports check services bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,7 +31,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-check: lint typecheck
+# The layers (pyproject's [tool.importlinter]): outbox never imports relay but for
+# Outbox.start(); spark_jobs imports neither.
+imports: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+check: lint typecheck imports
 
 demo: $(STAMP)
 	$(PY) -m examples.demo

@@ -25,8 +25,8 @@ from sqlalchemy.orm import Session
 
 from bench.report import print_rows
 from outbox import Outbox, migrate
-from outbox.config import scratch_schema
-from relay.embedded import NatsServer
+from relay.testing import scratch_schema
+from relay.testing.embedded import NatsServer
 
 PG = os.environ.get("OUTBOX_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 

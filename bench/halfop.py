@@ -20,20 +20,19 @@ from sqlalchemy import create_engine
 from bench.fast_path import bench_schema
 from bench.report import print_rows
 from outbox import migrate
-from outbox.halfop import (
+from relay.brokers.nats import create_stream, read_stream
+from relay.compare.workload import business, place_order
+from relay.halfop.coordinator import Coordinator, CoordinatorSettings
+from relay.halfop.producer import SqlTransactionListener, TransactionProducer
+from relay.halfop.protocol import (
     BORN_TIMESTAMP,
     HALF_TOPIC,
     OP_TOPIC,
     UNIQ_KEY,
     LocalTransactionState,
-    SqlTransactionListener,
-    TransactionProducer,
 )
-from relay.brokers.nats import create_stream, read_stream
-from relay.coordinator import Coordinator, CoordinatorSettings
-from relay.embedded import NatsServer
-from relay.faults import kill_producer_after_commit
-from relay.workload import business, place_order
+from relay.testing.embedded import NatsServer
+from relay.testing.faults import kill_producer_after_commit
 
 TEST_SETTINGS = CoordinatorSettings(check_interval_s=0.2, transaction_timeout_s=0.3)
 

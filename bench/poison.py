@@ -16,8 +16,8 @@ import argparse
 from bench.fast_path import bench_schema, pct
 from bench.report import print_rows
 from outbox import migrate
-from relay.compare import ModelA, Workload
-from relay.embedded import NatsServer
+from relay.compare.run import ModelA, Workload
+from relay.testing.embedded import NatsServer
 
 
 def run(w: Workload) -> dict[str, float]:

@@ -24,7 +24,7 @@ from outbox import migrate, outbox_message
 from outbox.message import build_message
 from relay import store
 from relay.brokers.nats import NatsBroker
-from relay.embedded import NatsServer
+from relay.testing.embedded import NatsServer
 
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
 

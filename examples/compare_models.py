@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from spark_jobs.compare import main
+from relay.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["compare", *sys.argv[1:]]))

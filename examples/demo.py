@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from outbox import Outbox, migrate, outbox_message
 from outbox.config import mask_url
 from relay.brokers.nats import read_stream
-from relay.embedded import NatsServer
+from relay.testing.embedded import NatsServer
 
 business = MetaData()
 inbound = Table(

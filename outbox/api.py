@@ -23,7 +23,7 @@ from outbox.message import Message, build_message
 from outbox.table import outbox_message
 from outbox.tracking import remember
 
-if TYPE_CHECKING:  # the relay is imported when it starts: relay modules import outbox
+if TYPE_CHECKING:  # types only: the relay itself is imported by start()
     from relay.dispatcher import Dispatcher
     from relay.loop import BrokerLoop
     from relay.stats import Stats
@@ -157,25 +157,10 @@ class Outbox:
             return
         if self.broker_url is None:
             raise ConfigError("broker: start() needs a broker URL, e.g. nats://127.0.0.1:4222")
-        from relay.acks import sql_finisher, sql_verifier
-        from relay.brokers import broker_for
-        from relay.dispatcher import Dispatcher
-        from relay.loop import BrokerLoop
-        from relay.worker import RelayJobs
+        from relay.runtime import start_relay  # the app's one import of the relay layer
 
-        relay = BrokerLoop(broker_for(self.broker_url))
-        relay.start()
-        dispatcher = Dispatcher(
-            relay,
-            sql_finisher(self.engine, self.settings.mark_mode),
-            self.settings,
-            verify=sql_verifier(self.engine) if self.settings.verify_commit else None,
-        )
-        dispatcher.start()
-        self._relay, self._dispatcher, self._stats = relay, dispatcher, dispatcher.stats
-        if self.sweeper:
-            self._jobs = RelayJobs(self.engine, relay, self.settings)
-            self._jobs.start()
+        self._relay, self._dispatcher, self._jobs = start_relay(self)
+        self._stats = self._dispatcher.stats
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the relay: no new work; in-flight publishes and acks finish within ``timeout``.

@@ -2,28 +2,32 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import re
-import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from sqlalchemy import URL, Engine, create_engine, event, text
+from sqlalchemy import URL, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-from sqlalchemy.pool import NullPool
 
 from outbox.errors import ConfigError
 
 CONNECT_TIMEOUT_S = 10.0  # a database host that does not answer fails after this
 RETRY_DELAYS_MS = (0, 5, 10, 25, 50, 100, 200, 300, 500, 800, 1000, 1000, 1000)
-BROKER_SCHEMES = ("nats", "amqp", "amqps", "redis", "rediss", "memory")
+# The one table of product broker URL schemes: scheme -> broker family (the adapter module
+# in relay.brokers and the extra that installs its client). Test doubles have no scheme.
+BROKER_SCHEMES = {
+    "nats": "nats",
+    "tls": "nats",
+    "amqp": "rabbitmq",
+    "amqps": "rabbitmq",
+    "redis": "redis",
+    "rediss": "redis",
+}
 MARK_MODES = ("keep", "delete")
 MIN_SCRUBBED = 3  # shorter "secrets" would garble every message they are scrubbed from
 RESERVED = re.compile(r"[:/?#\[\]@!$&'()*+,;=%\s]+")  # URL delimiters, and space
@@ -56,7 +60,7 @@ TIME_OPTIONS = (
 
 @dataclass(frozen=True)
 class Settings:
-    """Every tunable of an ``Outbox``; the defaults are the ones models.md gives."""
+    """Every tunable of an ``Outbox``; docs/models.md explains the defaults."""
 
     max_payload_bytes: int = 1024 * 1024
     # keep: mark rows sent and keep them for the reconciliation ledger; delete: remove them.
@@ -245,6 +249,8 @@ def check_broker_url(broker: str | None) -> str | None:
         return None
     scheme = urlsplit(broker).scheme if isinstance(broker, str) else ""
     if scheme not in BROKER_SCHEMES:
+        # memory:// included: a typo away from silently dropping messages (tests pass a
+        # relay.testing.MemoryBroker instance instead)
         raise ConfigError(
             f"broker: {mask_url(str(broker))!r} has no supported scheme; "
             f"use one of {', '.join(s + '://' for s in BROKER_SCHEMES)}"
@@ -260,29 +266,3 @@ def with_query(db: str, **params: str) -> str:
 def schema_url(db: str, schema: str) -> str:
     """A PostgreSQL URL whose connections see only ``schema`` (search_path)."""
     return with_query(db, options=f"-csearch_path={schema}")
-
-
-@contextmanager
-def scratch_schema(db: str, prefix: str = "scratch") -> Iterator[str]:
-    """A new, empty PostgreSQL schema for the block (its URL), dropped afterwards."""
-    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    admin = engine_from(db, poolclass=NullPool)
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield schema_url(db, schema)
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
-
-
-def iso_time(text: str) -> datetime:
-    """An ISO 8601 time for a command-line flag; naive times are UTC."""
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not an ISO 8601 time: {text!r} (e.g. 2024-05-01T12:00:00Z)"
-        ) from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)

@@ -8,6 +8,7 @@ the schema at head.
 
 from __future__ import annotations
 
+import importlib.resources
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -34,7 +35,10 @@ class SchemaError(OutboxError):
 
 def alembic_config(db: str | Engine | None = None) -> Config:
     config = Config()
-    config.set_main_option("script_location", "outbox:migrations")
+    # outbox.migrations is the repository's top-level migrations/ folder, installed under
+    # outbox/ by the wheel: the import system knows where it is in either install.
+    location = str(importlib.resources.files("outbox.migrations"))
+    config.set_main_option("script_location", location.replace("%", "%%"))
     if isinstance(db, str):
         # ConfigParser interpolation would read a '%' in a password as a directive.
         config.set_main_option("sqlalchemy.url", db.replace("%", "%%"))

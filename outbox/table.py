@@ -1,7 +1,7 @@
 """The ``outbox_message`` table: one row per message, defined here and only here.
 
-Alembic migrations in ``outbox/migrations`` create it; a test checks that the
-migrated schema and this definition agree.
+Alembic migrations in ``migrations/`` (installed as ``outbox.migrations``) create it;
+a test checks that the migrated schema and this definition agree.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ outbox_message = Table(
     ),
 )
 
-# Model B (outbox.halfop.SqlTransactionListener): one row per local transaction that
+# Model B (relay.halfop.producer.SqlTransactionListener): one row per local transaction that
 # committed, written inside that transaction, so check-back can tell commit from not.
 transaction_record = Table(
     "outbox_transaction_record",

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from relay.brokers import Broker
 
@@ -22,9 +22,19 @@ log = logging.getLogger("relay.loop")
 T = TypeVar("T")
 
 
-class BrokerLoop:
-    def __init__(self, broker: Broker, name: str = "outbox-relay") -> None:
-        self.broker = broker
+class Connection(Protocol):
+    """What a loop owns: something that connects and closes on it (a Broker, say)."""
+
+    async def connect(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class ConnectionLoop:
+    """The thread, the loop and the background (re)connect for any ``Connection``."""
+
+    def __init__(self, connection: Connection, name: str) -> None:
+        self.connection = connection
         self.name = name
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -84,7 +94,7 @@ class BrokerLoop:
         await asyncio.gather(connecting, return_exceptions=True)
         await self._cancel_others()
         try:
-            await self.broker.close()
+            await self.connection.close()
         except Exception:
             log.exception("%s: closing the broker failed", self.name)
 
@@ -92,7 +102,7 @@ class BrokerLoop:
         wait = 0.2
         while True:
             try:
-                await self.broker.connect()
+                await self.connection.connect()
                 self._connected.set()
                 return
             except Exception as exc:
@@ -108,3 +118,11 @@ class BrokerLoop:
         for task in others:
             task.cancel()
         await asyncio.gather(*others, return_exceptions=True)
+
+
+class BrokerLoop(ConnectionLoop):
+    """A loop that owns a broker adapter: the fast path and the sweeper publish through it."""
+
+    def __init__(self, broker: Broker, name: str = "outbox-relay") -> None:
+        super().__init__(broker, name)
+        self.broker = broker

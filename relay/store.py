@@ -251,6 +251,11 @@ def requeue_stmt(dead_only: bool, topic: str | None, msg_ids: Sequence[str]) -> 
     )
 
 
+def requeue(conn: Connection, dead_only: bool, topic: str | None, msg_ids: Sequence[str]) -> int:
+    """Run ``requeue_stmt`` in ``conn``'s transaction; returns how many rows went back."""
+    return int(conn.execute(requeue_stmt(dead_only, topic, msg_ids)).rowcount)
+
+
 def pending_count(conn: Connection) -> int:
     """-- pending_count -- for progress reports."""
     return int(conn.execute(select(func.count()).where(t.c.status == PENDING)).scalar_one())

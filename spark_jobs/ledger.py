@@ -8,10 +8,10 @@ from Debian's libpostgresql-jdbc-java (`make test` installs it).
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from sqlalchemy.engine import make_url
 
 JDBC_JAR = "/usr/share/java/postgresql.jar"
 LEDGER_COLUMNS = ("id", "msg_id", "topic", "status", "created_at", "sent_at", "attempts", "receipt")
@@ -22,16 +22,17 @@ def jdbc_url(sqlalchemy_url: str) -> tuple[str, dict[str, str]]:
 
     A ``search_path`` given in ``options`` becomes the JDBC ``currentSchema``.
     """
-    url = make_url(sqlalchemy_url)
-    if not url.drivername.startswith("postgresql"):
-        raise ValueError(f"a JDBC ledger read needs PostgreSQL, not {url.drivername}")
-    props = {"user": url.username or "postgres", "driver": "org.postgresql.Driver"}
+    url = urlsplit(sqlalchemy_url)
+    if not url.scheme.startswith("postgresql"):
+        raise ValueError(f"a JDBC ledger read needs PostgreSQL, not {url.scheme}")
+    props = {"user": unquote(url.username or "postgres"), "driver": "org.postgresql.Driver"}
     if url.password:
-        props["password"] = str(url.password)
-    options = str(url.query.get("options", ""))
+        props["password"] = unquote(url.password)
+    options = parse_qs(url.query).get("options", [""])[-1]
     if "search_path=" in options:
         props["currentSchema"] = options.split("search_path=", 1)[1].split()[0]
-    return f"jdbc:postgresql://{url.host or '127.0.0.1'}:{url.port or 5432}/{url.database}", props
+    host, port, database = url.hostname or "127.0.0.1", url.port or 5432, url.path.lstrip("/")
+    return f"jdbc:postgresql://{host}:{port}/{database}", props
 
 
 def with_jdbc_jar(builder: SparkSession.Builder) -> SparkSession.Builder:

@@ -15,8 +15,8 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
 from outbox import migrate
-from outbox.config import scratch_schema
-from relay.embedded import NatsServer
+from relay.testing import scratch_schema
+from relay.testing.embedded import NatsServer
 
 PG_URL = os.environ.get("OUTBOX_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 MARIADB_URL = os.environ.get("OUTBOX_TEST_MARIADB", "mysql+pymysql://root@127.0.0.1:3306/test")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from outbox.halfop import LocalTransactionState, TransactionListener, TransactionMessage
+from relay.halfop.protocol import LocalTransactionState, TransactionListener, TransactionMessage
 
 
 def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:

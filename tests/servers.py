@@ -8,7 +8,7 @@ import subprocess
 import tempfile
 import time
 
-from relay.embedded import free_port
+from relay.testing.embedded import free_port
 
 
 class RedisServer:

@@ -1,5 +1,9 @@
 """Broker namespaces of a test's own (NATS JetStream on a server of its own, RabbitMQ
-and Redis with names and keys of its own) and how to read back what they hold."""
+and Redis with names and keys of its own) and how to read back what they hold.
+
+NATS and Redis are read back with their adapter modules' readers (relay.brokers.nats,
+relay.brokers.redis). RabbitMQ keeps no log but the audit stream; the tests bind a
+queue of their own instead and drain it, which reads each message's body and headers."""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ import redis
 
 from outbox.message import DEDUP_HEADER
 from relay.brokers.nats import read_stream
-from relay.embedded import NatsServer
+from relay.brokers.redis import xrange_pages
+from relay.testing.embedded import NatsServer
 
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -131,9 +136,10 @@ def redis_target(tag: str) -> Iterator[Target]:
             if client.type(key) != b"stream":
                 continue
             topic = key.decode().removeprefix(key_prefix)
-            for _, f in client.xrange(key):
-                headers = json_object(f[b"headers"])
-                found.append(Carried(f[b"msg_id"].decode(), topic, f[b"payload"], headers))
+            for page in xrange_pages(client, key.decode()):  # the adapter module's reader
+                for _, f in page:
+                    headers = json_object(f[b"headers"])
+                    found.append(Carried(f[b"msg_id"].decode(), topic, f[b"payload"], headers))
         return found
 
     yield Target(

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from outbox.cli import build_parser
 from outbox.config import Settings
-from spark_jobs.compare import build_parser as compare_parser
+from relay.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
@@ -41,9 +40,8 @@ def test_every_outbox_command_shown_parses(doc: str, line: str) -> None:
     words = shlex.split(line.replace("[", "").replace("]", "").replace("...", "x"))
     words = words[words.index("outbox") + 1 :]
     words = [w for w in words if w not in ("|", "&")]
-    parser = compare_parser() if words[0] == "compare" else build_parser()
     try:
-        parser.parse_args(words[1:] if words[0] == "compare" else words)
+        build_parser().parse_args(words)
     except SystemExit as exc:
         pytest.fail(f"{doc}: `{line}` does not parse (exit {exc.code})")
 

@@ -13,7 +13,8 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from spark_jobs import export, reconcile
+from relay import export
+from spark_jobs import reconcile
 
 
 def run_once(db: str, broker: str, stream: str, out: Path, end: datetime | None = None) -> int:

@@ -1,45 +1,42 @@
-"""Broker adapters behind one protocol; the URL's scheme picks the adapter."""
+"""Broker adapters behind one protocol; the URL's scheme picks the adapter.
+
+``outbox.config.BROKER_SCHEMES`` is the one table of schemes (the app checks URLs
+against it without importing the relay); it names each scheme's family, which is
+both the adapter module here and the extra that installs its client. Each module
+owns both directions for its broker: publishing (the adapter) and reading the log
+back (for ``outbox export broker``, the comparison and the contract tests).
+"""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from outbox.config import mask_url
+from outbox.config import BROKER_SCHEMES, check_broker_url
 from outbox.errors import ConfigError
 from relay.brokers.base import Broker, Outcome, PublishResult
 
-__all__ = ["Broker", "Outcome", "PublishResult", "broker_for"]
+__all__ = ["Broker", "Outcome", "PublishResult", "broker_for", "family_of"]
+
+ADAPTERS = {"nats": "NatsBroker", "rabbitmq": "RabbitBroker", "redis": "RedisBroker"}
+
+
+def family_of(url: str) -> str:
+    """The broker family of a product URL (nats, rabbitmq, redis); ConfigError otherwise."""
+    check_broker_url(url)
+    return BROKER_SCHEMES[urlsplit(url).scheme]
 
 
 def broker_for(url: str) -> Broker:
-    """A not yet connected adapter for ``url``: nats://, redis://, amqp:// (memory:// in tests)."""
-    scheme = urlsplit(url).scheme
-    if scheme in ("nats", "tls"):
-        try:
-            from relay.brokers.nats import NatsBroker
-        except ImportError:
-            raise ConfigError(
-                "broker: nats:// needs the 'nats' extra: pip install 'outbox-relay[nats]'"
-            ) from None
-        return NatsBroker(url)
-    if scheme in ("redis", "rediss"):
-        try:
-            from relay.brokers.redis import RedisBroker
-        except ImportError:
-            raise ConfigError(
-                "broker: redis:// needs the 'redis' extra: pip install 'outbox-relay[redis]'"
-            ) from None
-        return RedisBroker(url)
-    if scheme in ("amqp", "amqps"):
-        try:
-            from relay.brokers.rabbitmq import RabbitBroker
-        except ImportError:
-            raise ConfigError(
-                "broker: amqp:// needs the 'rabbitmq' extra: pip install 'outbox-relay[rabbitmq]'"
-            ) from None
-        return RabbitBroker(url)
-    if scheme == "memory":
-        from relay.brokers.memory import MemoryBroker
-
-        return MemoryBroker()
-    raise ConfigError(f"broker: no adapter for {mask_url(url)!r}")
+    """A not yet connected adapter for ``url``: nats://, tls://, redis://, amqp://, ..."""
+    family = family_of(url)
+    try:
+        module = importlib.import_module(f"relay.brokers.{family}")
+    except ImportError:
+        raise ConfigError(
+            f"broker: {urlsplit(url).scheme}:// needs the '{family}' extra: "
+            f"pip install 'outbox-relay[{family}]'"
+        ) from None
+    adapter: Callable[[str], Broker] = getattr(module, ADAPTERS[family])
+    return adapter(url)

@@ -8,7 +8,10 @@ import enum
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
+from outbox.config import mask_url
+from outbox.errors import OutboxError
 from outbox.message import KEY_HEADER, TAGS_HEADER, Message
 
 NOT_CONNECTED = "not connected"  # every adapter's error while it has no connection
@@ -16,6 +19,11 @@ NOT_CONNECTED = "not connected"  # every adapter's error while it has no connect
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, ConnectionError)
 
 log = logging.getLogger("relay.brokers")
+# Reading a broker's log back: entries come in chunks of LOG_CHUNK at most, each a
+# LogRow (msg_id, topic, seq, broker_ts: the columns of the broker log export).
+LOG_CHUNK = 50_000
+READ_TIMEOUT_S = 30.0  # a broker silent this long while read is stuck, not done
+LogRow = dict[str, object]
 
 
 class Outcome(enum.Enum):
@@ -130,3 +138,14 @@ async def _alone(broker: Broker, message: Message) -> PublishResult:
     except Exception as exc:
         return unexpected(exc)
     return result
+
+
+def unreachable(url: str, reason: object) -> OutboxError:
+    """A log reader's error: the broker did not answer (the URL masked)."""
+    return OutboxError(f"broker {mask_url(url)} unreachable ({reason}); nothing was written")
+
+
+def utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)

@@ -6,6 +6,10 @@ copy inside the stream's duplicate window, 2 minutes by default); key and tags -
 
 URL: ``nats://[user:pass@]host:port[?stream=NAME&subjects=a.>,b.>&timeout=1]``.
 With ``stream`` and ``subjects`` the stream is created on connect if it is missing.
+
+Reading back: ``read_stream`` fetches every stored message by sequence (exact, for
+checks and the comparison's delivery tracker); ``read_log`` streams a window of one or
+more streams through an ordered consumer in bounded memory (``outbox export``).
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import nats
@@ -26,16 +31,20 @@ from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 
 from outbox.config import mask_url
-from outbox.errors import ConfigError
+from outbox.errors import ConfigError, OutboxError
 from outbox.message import DEDUP_HEADER, Message, header_size, nats_reserved, sent_headers
 from relay.brokers.base import (
+    LOG_CHUNK,
     NOT_CONNECTED,
     Broker,
+    LogRow,
     PublishResult,
     ok,
     permanent,
     retry,
     unexpected,
+    unreachable,
+    utc,
 )
 
 log = logging.getLogger("relay.brokers.nats")
@@ -172,20 +181,20 @@ def create_stream(url: str, stream: str, subjects: str) -> None:
     asyncio.run(create())
 
 
-async def read_stream(url: str, stream: str) -> list[StoredMessage]:
-    """Every message the stream holds, in sequence order (for checks and exports).
+async def read_stream(url: str, stream: str, first_seq: int = 1) -> list[StoredMessage]:
+    """Every message the stream holds from ``first_seq`` on, in sequence order.
 
     Deleted sequences are skipped; any other failure to read one raises, so a
     reader never reports a message as missing because a request timed out.
     """
-    nc = await nats.connect(servers=[url], name="outbox-reader", connect_timeout=2)
+    nc = await connect_reader(url)
     try:
         js = nc.jetstream(timeout=5)
         state = (await js.stream_info(stream)).state
         found: list[StoredMessage] = []
         if state.messages == 0:
             return found
-        for start in range(max(state.first_seq, 1), state.last_seq + 1, 256):
+        for start in range(max(state.first_seq, first_seq, 1), state.last_seq + 1, 256):
             seqs = range(start, min(start + 256, state.last_seq + 1))
             chunk = await asyncio.gather(*(_get(js, stream, seq) for seq in seqs))
             found += [msg for msg in chunk if msg is not None]
@@ -241,3 +250,96 @@ def parse_headers(block: bytes) -> dict[str, str]:
         if sep:  # the publisher writes "Name: value"
             headers[name.decode("ascii", "replace")] = value.lstrip(b" ").decode("utf-8", "replace")
     return headers
+
+
+async def connect_reader(url: str) -> Client:
+    """Two quick tries, then a one-line error: a reader has nothing to wait for."""
+    errors: list[Exception] = []
+
+    async def remember(exc: Exception) -> None:  # instead of nats.py's logged traceback
+        errors.append(exc)
+
+    try:
+        return await nats.connect(
+            servers=[url], name="outbox-reader", connect_timeout=2,
+            max_reconnect_attempts=1, reconnect_time_wait=0.2, error_cb=remember,
+        )  # fmt: skip
+    except nats.errors.NoServersError:
+        raise unreachable(url, errors[-1] if errors else "no server answered") from None
+
+
+# How a stored message becomes a row: (message, its time in UTC) -> row.
+RowOf = Callable[[Any, datetime | None], LogRow]
+
+
+def log_row(msg: Any, ts: datetime | None) -> LogRow:
+    """A broker log row: the msg_id the relay sent as Nats-Msg-Id, subject, sequence, time."""
+    headers = msg.headers or {}
+    return {"msg_id": headers.get(DEDUP_HEADER), "topic": msg.subject,
+            "seq": str(msg.metadata.sequence.stream), "broker_ts": ts}  # fmt: skip
+
+
+async def read_log(
+    url: str,
+    streams: list[tuple[str, RowOf]],
+    since: datetime | None = None,
+    until: datetime | None = None,
+    optional: bool = False,
+) -> AsyncIterator[list[LogRow]]:
+    """Rows of each stream stored in [since, until), in chunks; a missing stream is an
+    error unless ``optional``."""
+    nc = await connect_reader(url)
+    try:
+        js = nc.jetstream(timeout=10)
+        for stream, row_of in streams:
+            async for rows in _read_one(js, stream, row_of, since, until, optional):
+                yield rows
+    finally:
+        await nc.close()
+
+
+async def _read_one(
+    js: JetStreamContext,
+    stream: str,
+    row_of: RowOf,
+    since: datetime | None,
+    until: datetime | None,
+    optional: bool,
+) -> AsyncIterator[list[LogRow]]:
+    """One stream from ``since`` up to its last message now, via an ordered consumer."""
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
+    try:
+        last = (await js.stream_info(stream)).state.last_seq
+    except nats.js.errors.NotFoundError:
+        if optional:
+            return
+        raise OutboxError(f"no stream {stream!r} at the broker; nothing was written") from None
+    if last == 0:
+        return
+    config = (
+        ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since)
+        if since
+        else None
+    )
+    sub = await js.subscribe(">", stream=stream, ordered_consumer=True, config=config)
+    rows: list[LogRow] = []
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=5)
+            except nats.errors.TimeoutError:
+                break  # nothing newer than `since`, or the stream was trimmed meanwhile
+            meta = msg.metadata
+            ts = utc(meta.timestamp) if meta.timestamp else None
+            if until is None or ts is None or ts < until:
+                rows.append(row_of(msg, ts))
+            if len(rows) >= LOG_CHUNK:
+                yield rows
+                rows = []
+            if meta.sequence.stream >= last:
+                break
+        if rows:
+            yield rows
+    finally:
+        await sub.unsubscribe()

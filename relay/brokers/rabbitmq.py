@@ -22,12 +22,16 @@ queue is bound: publishing again will not help); nacked -> retry; connection or
 channel lost -> retry (the connection reconnects by itself).
 
 URL: ``amqp://user:pass@host:5672/vhost[?exchange=NAME&audit=QUEUE&timeout=1&reconnect_interval=0.5]``.
+
+Reading back: ``read_log`` reads the audit stream queue up to an end marker it
+appends itself, in chunks, for ``outbox export broker``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import uuid
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -35,21 +39,28 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import aio_pika
 import aio_pika.exceptions as amqp_errors
 
-from outbox.errors import ConfigError
+from outbox.errors import ConfigError, OutboxError
 from outbox.message import Message
 from relay.brokers.base import (
+    LOG_CHUNK,
     NOT_CONNECTED,
+    READ_TIMEOUT_S,
     Broker,
+    LogRow,
     PublishResult,
     ok,
     permanent,
     relay_headers,
     retry,
     unexpected,
+    unreachable,
+    utc,
 )
 
 DEFAULT_EXCHANGE = "amq.topic"
 MAX_ROUTING_KEY_BYTES = 255  # AMQP 0-9-1 shortstr
+PREFETCH = 1_000  # a log read's unacked deliveries in flight (AMQP caps it at 65535)
+MARKER_TYPE = "outbox.export-marker"
 
 
 class RabbitBroker(Broker):
@@ -133,3 +144,88 @@ class RabbitBroker(Broker):
         connection, self._connection, self._exchange = self._connection, None, None
         if connection is not None and not connection.is_closed:
             await connection.close()
+
+
+async def read_log(
+    url: str, queue_name: str, since: datetime | None = None, until: datetime | None = None
+) -> AsyncIterator[list[LogRow]]:
+    """What the audit stream queue holds (published in [since, until)), in chunks.
+
+    The queue is the one the relay's ``?audit=QUEUE`` declares. broker_ts is the
+    relay's publish time (the AMQP ``timestamp``, in whole seconds: RabbitMQ stores no
+    arrival time per message), so the window is widened to whole seconds; extra rows
+    at its edges do no harm, since reconciliation matches by msg_id.
+    """
+    try:
+        connection = await aio_pika.connect(RabbitBroker(url).url, timeout=READ_TIMEOUT_S)
+    except (OSError, TimeoutError) as exc:  # aio_pika's connection errors are OSErrors
+        raise unreachable(url, exc) from None
+    try:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=PREFETCH)  # stream queues refuse consumers without
+        try:
+            queue = await channel.get_queue(queue_name, ensure=True)
+        except amqp_errors.ChannelNotFoundEntity:
+            raise OutboxError(
+                f"no queue {queue_name!r}: set ?audit={queue_name} on the relay's broker URL"
+            ) from None
+        inbox: asyncio.Queue[Any] = asyncio.Queue()  # holds at most PREFETCH messages
+        # pamqp sends a datetime as an AMQP timestamp (whole seconds): attach by time.
+        offset: datetime | str = since if since else "first"
+        await queue.consume(inbox.put, arguments={"x-stream-offset": offset})
+        marker = await publish_marker(channel, queue_name)
+        async for rows in read_until_marker(inbox, marker, since, until):
+            yield rows
+    finally:
+        await connection.close()
+
+
+async def publish_marker(channel: Any, queue_name: str) -> str:
+    """Append a marker to the stream; reading up to it is reading everything there now.
+
+    Streams over AMQP 0-9-1 report no message count or last offset, and waiting for
+    silence never ends while the relay keeps publishing, so the reader marks the end
+    itself: one small message per read (readers skip markers, theirs and earlier ones).
+    """
+    marker = f"outbox-export-{uuid.uuid4()}"
+    message = aio_pika.Message(b"", message_id=marker, type=MARKER_TYPE)
+    await channel.default_exchange.publish(message, routing_key=queue_name)
+    return marker
+
+
+async def read_until_marker(
+    inbox: asyncio.Queue[Any], marker: str, since: datetime | None, until: datetime | None
+) -> AsyncIterator[list[LogRow]]:
+    first = whole_second(since)  # attaching by time starts at a chunk: filter here too
+    rows: list[LogRow] = []
+    while True:
+        try:
+            message = await asyncio.wait_for(inbox.get(), READ_TIMEOUT_S)
+        except TimeoutError:
+            raise OutboxError(
+                f"broker export: no delivery for {READ_TIMEOUT_S:.0f} s before the end marker"
+            ) from None
+        await message.ack()  # a stream queue sends more only as deliveries are acked
+        if message.message_id == marker:
+            break
+        ts = utc(message.timestamp)
+        if message.type != MARKER_TYPE and in_window(ts, first, until):
+            headers = message.headers or {}
+            rows.append({"msg_id": message.message_id, "topic": message.routing_key,
+                         "seq": str(headers.get("x-stream-offset")), "broker_ts": ts})  # fmt: skip
+        if len(rows) >= LOG_CHUNK:
+            yield rows
+            rows = []
+    if rows:
+        yield rows
+
+
+def in_window(ts: datetime | None, since: datetime | None, until: datetime | None) -> bool:
+    if ts is None:  # published before the adapter set timestamps: keep it
+        return True
+    return (since is None or ts >= since) and (until is None or ts < until)
+
+
+def whole_second(moment: datetime | None) -> datetime | None:
+    value = utc(moment)
+    return value.replace(microsecond=0) if value is not None else None

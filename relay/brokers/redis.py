@@ -9,31 +9,43 @@ crash between publish and mark) is stored twice, so consumers dedupe by ``msg_id
 
 URL: ``redis://[:password@]host:port[/db][?prefix=outbox:&maxlen=1000000&timeout=1]``
 (``rediss://`` for TLS). ``maxlen`` trims streams approximately (``MAXLEN ~``).
+
+Reading back: ``read_log`` pages through each topic's stream with XRANGE (a window of
+entry ids, as ids count milliseconds) for ``outbox export broker``; ``xrange_pages``
+is the paging itself.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+import redis
 import redis.asyncio as aioredis
 import redis.exceptions
 
 from outbox.errors import ConfigError
 from outbox.message import Message
 from relay.brokers.base import (
+    LOG_CHUNK,
     NOT_CONNECTED,
+    READ_TIMEOUT_S,
     Broker,
+    LogRow,
     PublishResult,
     ok,
     permanent,
     relay_headers,
     retry,
     unexpected,
+    unreachable,
 )
 
 OUR_OPTIONS = ("prefix", "maxlen", "timeout")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 RETRYABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
@@ -116,3 +128,53 @@ def result_of(reply: object) -> PublishResult:
     if isinstance(reply, Exception):  # WRONGTYPE and other refusals will not change
         return permanent(f"{type(reply).__name__}: {reply}")
     return ok(reply.decode() if isinstance(reply, bytes) else str(reply))
+
+
+def read_log(
+    url: str, topics: list[str], since: datetime | None = None, until: datetime | None = None
+) -> Iterator[list[LogRow]]:
+    """The entries of each topic's stream added in [since, until), in pages.
+
+    broker_ts is the entry id's milliseconds (the time Redis added the entry).
+    """
+    broker = RedisBroker(url)  # its URL parsing: the prefix, and the URL without it
+    client = redis.Redis.from_url(
+        broker.url, socket_timeout=READ_TIMEOUT_S, socket_connect_timeout=broker.timeout
+    )
+    start = f"{ms_at_or_after(since)}-0" if since else "-"
+    end = f"({ms_at_or_after(until)}-0" if until else "+"
+    try:
+        try:
+            client.ping()
+        except redis.exceptions.RedisError as exc:
+            raise unreachable(url, exc) from None
+        for topic in topics:
+            for page in xrange_pages(client, broker.prefix + topic, start, end):
+                yield [log_row(topic, entry_id, entry) for entry_id, entry in page]
+    finally:
+        client.close()
+
+
+def xrange_pages(client: Any, key: str, start: str = "-", end: str = "+") -> Iterator[list[Any]]:
+    """XRANGE in pages of LOG_CHUNK; the next page starts after the last id (Redis >= 6.2)."""
+    while page := client.xrange(key, start, end, count=LOG_CHUNK):
+        yield page
+        start = "(" + page[-1][0].decode()
+
+
+def log_row(topic: str, entry_id: bytes, entry: dict[bytes, bytes]) -> LogRow:
+    seq = entry_id.decode()
+    msg_id = entry.get(b"msg_id")
+    return {
+        "msg_id": msg_id.decode() if msg_id is not None else None,
+        "topic": topic,
+        "seq": seq,
+        "broker_ts": EPOCH + timedelta(milliseconds=int(seq.split("-")[0])),
+    }
+
+
+def ms_at_or_after(moment: datetime) -> int:
+    """The first whole millisecond at or after ``moment`` (entry ids count milliseconds)."""
+    aware = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    micros = (aware - EPOCH) // timedelta(microseconds=1)
+    return -(-micros // 1000)

@@ -25,18 +25,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from outbox import migrate
-from outbox.halfop import (
+from outbox import Outbox, migrate
+from outbox.config import BROKER_SCHEMES
+from outbox.errors import ConfigError
+from relay.brokers import broker_for
+from relay.brokers.nats import create_stream, read_stream
+from relay.halfop.producer import TransactionProducer
+from relay.halfop.protocol import (
     BORN_TIMESTAMP,
     CHECK_MAX_TOPIC,
     HALF_TOPIC,
     PGROUP,
     TRAN_MSG,
     UNIQ_KEY,
-    TransactionProducer,
 )
-from relay.brokers.nats import create_stream, read_stream
-from relay.embedded import NatsServer, free_port
+from relay.testing.embedded import NatsServer, free_port
 from spark_jobs.schema import BROKER, LEDGER
 from tests.helpers import AlwaysCommits, wait_until
 
@@ -85,6 +88,9 @@ def write(
     [
         (["drain", "--db", "sqlite://", "--broker", "kafka://h:1"], "kafka://h:1"),
         (["coordinator", "--broker", "kafka://h:1"], "kafka://h:1"),
+        # the test double has no scheme: a product command never drops messages silently
+        (["drain", "--db", "sqlite://", "--broker", "memory://"], "memory://"),
+        (["relay", "--db", "sqlite://", "--broker", "memory://"], "memory://"),
         (["status", "--db", "foo://x"], "foo://x"),
         (["migrate", "--db", "foo://x"], "foo://x"),
         (["export", "ledger", "--db", "foo://x", "--out", "{tmp}/x.parquet"], "foo://x"),
@@ -93,6 +99,23 @@ def write(
 def test_unknown_schemes_name_the_url(args: list[str], named: str, tmp_path: Path) -> None:
     refused(outbox(*[a.format(tmp=tmp_path) for a in args]), 1, named)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("url", ["memory://", "memory://u:p@x", "Memory://"])
+def test_a_product_outbox_refuses_the_memory_broker(url: str, sqlite_url: str) -> None:
+    with pytest.raises(
+        ConfigError, match=r"(?i)broker: .*memory://.* no supported scheme; use one of"
+    ):
+        Outbox(sqlite_url, broker=url)
+
+
+def test_every_product_scheme_has_an_adapter() -> None:
+    """One table of schemes: what the app accepts is what the relay can connect to."""
+    for scheme in BROKER_SCHEMES:
+        broker = broker_for(f"{scheme}://127.0.0.1:1")
+        assert type(broker).__module__ == f"relay.brokers.{BROKER_SCHEMES[scheme]}"
+    with pytest.raises(ConfigError, match="memory://"):
+        broker_for("memory://")
 
 
 @pytest.mark.parametrize(
@@ -152,7 +175,7 @@ def test_an_export_into_a_missing_folder(tmp_path: Path) -> None:
           "--sla", "soon"], ("--sla", "'soon'")),
         (["reconcile", "--ledger", "l", "--broker-log", "b", "--out", "o",
           "--start", "2026-03-02", "--end", "2026-03-01"], ("--end", "--start")),
-        (["drain", "--db", "sqlite://", "--broker", "memory://", "--concurrency", "many"],
+        (["drain", "--db", "sqlite://", "--broker", "nats://h:1", "--concurrency", "many"],
          ("--concurrency", "'many'")),
         (["compare", "--faults", "nosuch"], ("faults", "nosuch")),
         (["compare", "--rollback-rate", "2"], ("rollback_rate",)),

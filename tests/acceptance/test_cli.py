@@ -18,9 +18,9 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from outbox import Outbox, migrate, outbox_message
-from outbox import cli as cli_module
+from relay import cli as cli_module
 from relay.brokers.nats import read_stream
-from relay.embedded import NatsServer
+from relay.testing.embedded import NatsServer
 from tests.helpers import AlwaysCommits, wait_until
 
 t = outbox_message
@@ -180,10 +180,8 @@ def test_worker_delivers_what_a_killed_app_left_in_memory(
 def test_coordinator_command_settles_transactions(
     nats_server: NatsServer, stream: tuple[str, str]
 ) -> None:
-    from outbox.halfop import (
-        TransactionProducer,
-    )
     from relay.brokers.nats import create_stream
+    from relay.halfop.producer import TransactionProducer
 
     name, prefix = stream
 
@@ -215,7 +213,7 @@ def test_coordinator_command_settles_transactions(
 
 
 def test_drain_with_the_broker_down_touches_nothing(pg_url: str) -> None:
-    from relay.embedded import free_port
+    from relay.testing.embedded import free_port
 
     seed(pg_url, ["pending"] * 10)
     done = cli("drain", "--db", pg_url, "--broker", f"nats://127.0.0.1:{free_port()}", timeout=60)

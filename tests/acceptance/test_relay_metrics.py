@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, text, update
 from sqlalchemy.pool import NullPool
 
 from outbox.table import outbox_message as t
-from relay.embedded import NatsServer, free_port
+from relay.testing.embedded import NatsServer, free_port
 from tests.acceptance.test_cli import OUTBOX, count, seed
 from tests.helpers import wait_until
 

@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from outbox import Outbox, migrate
 from outbox.config import check_broker_url, mask_url
 from outbox.errors import ConfigError
-from relay.embedded import NatsServer, free_port
+from relay.testing.embedded import NatsServer, free_port
 from tests.helpers import wait_until
 
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
@@ -196,10 +196,11 @@ def test_the_library_repr_errors_and_logs(pg_url: str, caplog: pytest.LogCapture
 def test_metrics_carry_no_url(pg_url: str) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from outbox.metrics import register
+    from relay.metrics import register
 
     migrate.upgrade(pg_url)
-    ob = Outbox(with_password(pg_url), broker=f"memory://u:{ENCODED}@x", sweeper=True)
+    # a broker that never answers: the relay keeps connecting in the background
+    ob = Outbox(with_password(pg_url), broker=f"redis://u:{ENCODED}@127.0.0.1:1", sweeper=True)
     registry = CollectorRegistry()
     register(ob, registry)
     ob.start()
@@ -210,11 +211,14 @@ def test_metrics_carry_no_url(pg_url: str) -> None:
 
 
 def test_compare_report_options_are_masked() -> None:
-    from spark_jobs.compare import build_parser, report_args
+    from relay.cli import build_parser
+    from relay.compare.report import report_args
 
     args = build_parser().parse_args(
-        ["--db", f"postgresql+psycopg://app:{ENCODED}@h/x", "--broker", f"nats://{ENCODED}@h:1"]
-    )
+        ["compare", "--db", f"postgresql+psycopg://app:{ENCODED}@h/x",
+         "--broker", f"nats://{ENCODED}@h:1"]
+    )  # fmt: skip
     options = report_args(args)
     clean(str(options))
     assert options["db"] == "postgresql+psycopg://app:***@h/x" and options["transactions"] == 2000
+    assert "command" not in options, "only compare's own options go into compare.json"

@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, func, select
 
 from examples.webapp.app import create_app, inbound
 from relay.brokers.nats import read_stream
-from relay.embedded import NatsServer, free_port
+from relay.testing.embedded import NatsServer, free_port
 from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

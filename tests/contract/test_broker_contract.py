@@ -24,10 +24,11 @@ import redis
 from outbox.message import Message, build_message
 from relay.brokers import broker_for
 from relay.brokers.base import Broker, Outcome, permanent, relay_headers
-from relay.brokers.memory import MemoryBroker
 from relay.brokers.nats import read_stream
-from relay.embedded import NatsServer
-from relay.faults import TcpProxy
+from relay.brokers.redis import xrange_pages
+from relay.testing.embedded import NatsServer
+from relay.testing.faults import TcpProxy
+from relay.testing.memory import MemoryBroker
 from tests.servers import RedisServer
 
 
@@ -74,7 +75,7 @@ def nats_harness(server: NatsServer, prefix: str) -> Harness:
 def redis_harness(server: RedisServer, prefix: str) -> Harness:
     def read(broker: Broker, topic: str) -> list[dict[str, Any]]:
         client = redis.Redis.from_url(server.url)
-        entries = client.xrange(topic)
+        entries = [entry for page in xrange_pages(client, topic) for entry in page]
         client.close()
         return [
             {

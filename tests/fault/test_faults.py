@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session
 from outbox import Outbox, migrate
 from outbox.table import outbox_message
 from relay.brokers.nats import read_stream
-from relay.compare import FAULTS, POISON, ModelA, ModelB, Run, Workload
-from relay.embedded import NatsServer
+from relay.compare.run import FAULTS, POISON, ModelA, ModelB, Run, Workload
+from relay.testing.embedded import NatsServer
 from tests.helpers import wait_until
 
 SCENARIOS = [(model, fault) for fault, models in FAULTS.items() for model in models]

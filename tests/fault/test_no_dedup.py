@@ -32,9 +32,9 @@ from sqlalchemy.orm import Session
 
 from outbox import Outbox, migrate
 from outbox.table import PENDING, outbox_message
-from relay.compare import KILLED_APP_MESSAGES, QUICK_OUTBOX
-from relay.faults import MarkKiller, TcpProxy, kill_app_after_commit
-from spark_jobs import export
+from relay import export
+from relay.compare.run import KILLED_APP_MESSAGES, QUICK_OUTBOX
+from relay.testing.faults import MarkKiller, TcpProxy, kill_app_after_commit
 from tests.helpers import wait_until
 from tests.servers import RedisServer
 

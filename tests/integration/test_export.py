@@ -20,13 +20,13 @@ import aio_pika
 import pyarrow.parquet as pq
 import pytest
 
-from outbox.cli import main
 from outbox.errors import OutboxError
 from outbox.message import Message, build_message
+from relay import export
 from relay.brokers.base import Broker, PublishResult
 from relay.brokers.rabbitmq import RabbitBroker
-from relay.brokers.redis import RedisBroker
-from spark_jobs import export
+from relay.brokers.redis import RedisBroker, ms_at_or_after
+from relay.cli import main
 from tests.servers import RedisServer
 
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -200,8 +200,5 @@ def test_cli_broker_export_names_the_missing_flag(
 
 def test_window_bounds_in_whole_milliseconds() -> None:
     moment = datetime(2026, 1, 1, tzinfo=UTC)
-    assert export.ms_at_or_after(moment) == int(moment.timestamp() * 1000)
-    assert (
-        export.ms_at_or_after(moment + timedelta(microseconds=1))
-        == export.ms_at_or_after(moment) + 1
-    )
+    assert ms_at_or_after(moment) == int(moment.timestamp() * 1000)
+    assert ms_at_or_after(moment + timedelta(microseconds=1)) == ms_at_or_after(moment) + 1

@@ -19,7 +19,7 @@ from sqlalchemy.pool import NullPool
 
 from outbox import Outbox, migrate, outbox_message
 from relay.brokers.nats import StoredMessage, read_stream
-from relay.embedded import NatsServer
+from relay.testing.embedded import NatsServer
 from tests.helpers import wait_until
 
 t = outbox_message

@@ -14,22 +14,21 @@ import pytest
 from sqlalchemy import Engine, create_engine, func, select
 
 from outbox import migrate
-from outbox.halfop import (
+from relay.brokers.nats import create_stream, read_stream
+from relay.compare.workload import business, orders, place_order
+from relay.halfop.coordinator import Coordinator, CoordinatorSettings
+from relay.halfop.producer import SqlTransactionListener, TransactionProducer
+from relay.halfop.protocol import (
     CHECK_MAX_TOPIC,
     HALF_TOPIC,
     OP_TOPIC,
     LocalTransactionState,
     SendStatus,
-    SqlTransactionListener,
     TransactionListener,
     TransactionMessage,
-    TransactionProducer,
 )
-from relay.brokers.nats import create_stream, read_stream
-from relay.coordinator import Coordinator, CoordinatorSettings
-from relay.embedded import NatsServer
-from relay.faults import kill_producer_after_commit
-from relay.workload import business, orders, place_order
+from relay.testing.embedded import NatsServer
+from relay.testing.faults import kill_producer_after_commit
 from tests.helpers import wait_until
 
 QUICK = CoordinatorSettings(check_interval_s=0.2, transaction_timeout_s=0.3, check_max=15)
@@ -207,7 +206,7 @@ def test_dropped_end_requests_are_settled_by_check_back_once_each(
         orders_engine, place_order, group="orders", rollback_after_s=0.5
     )
     p = producer(nats_server.url, listener, producers)
-    p._link.drop_end_requests = True  # the fault: no end request ever reaches the coordinator
+    p.drop_end_requests = True  # the fault: no end request ever reaches the coordinator
     results = [
         p.send_in_transaction(f"{prefix}.orders", b"x", {"sku": f"S{i}", "fail": i % 4 == 0})
         for i in range(40)

@@ -14,9 +14,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, migrate
-from outbox.metrics import serve
 from relay.brokers.nats import read_stream
-from relay.embedded import NatsServer, free_port
+from relay.metrics import serve
+from relay.testing.embedded import NatsServer, free_port
 from tests.helpers import wait_until
 
 

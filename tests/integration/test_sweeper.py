@@ -21,11 +21,11 @@ from outbox import Outbox, migrate, outbox_message
 from outbox.config import Settings
 from outbox.message import Message
 from relay.brokers.base import Broker, PublishResult
-from relay.brokers.memory import MemoryBroker
 from relay.brokers.nats import NatsBroker, read_stream
-from relay.embedded import NatsServer
 from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper
+from relay.testing.embedded import NatsServer
+from relay.testing.memory import MemoryBroker
 
 t = outbox_message
 OUTBOX = str(Path(sys.executable).with_name("outbox"))

@@ -134,6 +134,7 @@ def test_migrate_works_from_a_wheel(tmp_path: Path, sqlite_url: str) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for shipped in ("env.py", "script.py.mako", "versions/0001_outbox_message.py"):
         assert f"outbox/migrations/{shipped}" in names
+    assert not [n for n in names if n.startswith("migrations/")], "no top-level package"
     target = tmp_path / "site"
     subprocess.run(
         [
@@ -152,7 +153,7 @@ def test_migrate_works_from_a_wheel(tmp_path: Path, sqlite_url: str) -> None:
         timeout=300,
     )
     code = (
-        "import outbox, sys; from outbox.cli import main;"
+        "import outbox, sys; from relay.cli import main;"
         f"assert outbox.__file__.startswith({str(target)!r}), outbox.__file__;"
         f"sys.exit(main(['migrate', '--db', {sqlite_url!r}]))"
     )

@@ -12,7 +12,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
 from outbox import migrate
-from outbox.config import scratch_schema
+from relay.testing import scratch_schema
 from tests.conftest import MARIADB_URL, PG_URL
 
 

@@ -44,8 +44,8 @@ from outbox.message import (
     uuid7,
 )
 from relay.brokers import Broker, broker_for
-from relay.embedded import NatsServer
 from relay.sweeper import message_of
+from relay.testing.embedded import NatsServer
 from tests.property import strategies as s
 from tests.property.test_send_input import assert_stored_as_given
 

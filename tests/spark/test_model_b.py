@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
-from spark_jobs.reconcile import Window, run
+from spark_jobs.reconcile import Window
+from spark_jobs.reconciliation import reconcile
 from spark_jobs.schema import BROKER, HALFOP_LOG, RECORDS
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -67,7 +68,7 @@ def test_model_b_counts_from_records_halfs_ops_and_broker(
             ]
         )
     ]
-    summary = run(
+    summary = reconcile(
         spark,
         write(tmp_path / "records.parquet", records, RECORDS),
         write(tmp_path / "broker.parquet", broker, BROKER),

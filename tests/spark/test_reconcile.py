@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from spark_jobs import reconciliation
 from spark_jobs.generate import Plan, generate
-from spark_jobs.reconcile import Window, run
+from spark_jobs.reconcile import Window
 
 
 def reconcile(spark: SparkSession, tmp_path: Path, plan: Plan) -> tuple[dict, dict]:  # type: ignore[type-arg]
@@ -20,7 +21,7 @@ def reconcile(spark: SparkSession, tmp_path: Path, plan: Plan) -> tuple[dict, di
         datetime.fromisoformat(expected["window"]["end"]),
         plan.sla_s,
     )  # type: ignore[index]
-    summary = run(
+    summary = reconciliation.reconcile(
         spark,
         str(tmp_path / "in" / "ledger"),
         str(tmp_path / "in" / "broker"),

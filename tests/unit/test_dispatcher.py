@@ -14,9 +14,9 @@ from outbox.config import Settings
 from outbox.message import Message, build_message
 from relay.brokers import Broker
 from relay.brokers.base import Outcome, PublishResult, permanent, publish_isolated, retry
-from relay.brokers.memory import MemoryBroker
 from relay.dispatcher import Dispatcher
-from relay.faults import FaultyBroker
+from relay.testing.faults import FaultyBroker
+from relay.testing.memory import MemoryBroker
 from tests.helpers import wait_until
 
 FAST = Settings(retry_delays_ms=(0, 5, 10, 20), ack_flush_ms=2)

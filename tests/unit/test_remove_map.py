@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relay.coordinator import build_remove_map, next_op_offset
+from relay.halfop.coordinator import build_remove_map, next_op_offset
 
 
 def test_ops_out_of_order_and_in_batches() -> None:

@@ -19,10 +19,10 @@ from outbox.config import Settings
 from outbox.table import DEAD, PENDING, SENT
 from relay import store
 from relay.brokers.base import PublishResult, permanent, retry
-from relay.brokers.memory import MemoryBroker
-from relay.faults import Fault, FaultyBroker
 from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper, checked_message
+from relay.testing.faults import Fault, FaultyBroker
+from relay.testing.memory import MemoryBroker
 from tests.planting import plant, row_of
 
 QUICK = Settings(max_attempts=3, backoff_base_s=0.001, backoff_cap_s=0.002, sweep_batch=50)

@@ -1,4 +1,4 @@
-"""An in-memory broker for unit tests of the relay logic. Never a product default."""
+"""An in-memory broker for unit tests of the relay logic. No URL scheme reaches it."""
 
 from __future__ import annotations
 

@@ -35,7 +35,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from outbox.halfop import (
+from relay.halfop.link import ensure_streams
+from relay.halfop.protocol import (
     BORN_TIMESTAMP,
     CHECK_IMMUNITY_TIME,
     CHECK_MAX_TOPIC,
@@ -54,9 +55,8 @@ from outbox.halfop import (
     UNIQ_KEY,
     LocalTransactionState,
 )
-from relay.halfop_link import ensure_streams
 
-log = logging.getLogger("relay.coordinator")
+log = logging.getLogger("relay.halfop.coordinator")
 
 OFFSETS_BUCKET = "RMQ_SYS_TRANS_OFFSETS"
 SETTLED_BUCKET = "RMQ_SYS_TRANS_SETTLED"  # msg ids settled by a late end request

@@ -1,6 +1,6 @@
 """`outbox compare`: one workload through model A (outbox) and model B (half/op), reconciled.
 
-Runs ``relay.compare``'s workload on both models against the same PostgreSQL (a
+Runs ``relay.compare.run``'s workload on both models against the same PostgreSQL (a
 scratch schema, dropped afterwards) and the same broker (the wheel's nats-server
 unless ``--broker`` names one), exports each model's inputs, reconciles both with the
 Spark job and writes ``compare.json`` and ``compare.html`` side by side. Exit status 2
@@ -14,22 +14,21 @@ import contextlib
 import html
 import json
 import logging
-import os
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from outbox import migrate
-from outbox.config import mask_url, scratch_schema
-from relay.compare import FAULTS, RunResult, Workload, run_models
-from relay.embedded import NatsServer
-from spark_jobs import export
+from outbox.config import mask_url
+from relay import export
+from relay.compare import add_arguments, workload_of
+from relay.compare.run import RunResult, run_models
+from relay.compare.workload import Workload
+from relay.testing import NatsServer, scratch_schema
 from spark_jobs.reconcile import EXIT_DISCREPANCY, Window
 from spark_jobs.report import bar_chart, fmt
 
-DEFAULT_DB = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 ROWS = (
     ("committed", "committed (by the ledger / listener records)"),
     ("delivered", "delivered"),
@@ -49,54 +48,6 @@ ROWS = (
     ("failed", "transactions failed by a fault"),
     ("poisoned", "poison transactions offered"),
 )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="outbox compare", description=__doc__.splitlines()[0] if __doc__ else None
-    )
-    parser.add_argument(
-        "--db",
-        default=os.environ.get("OUTBOX_DB", DEFAULT_DB),
-        help="PostgreSQL URL; the run uses a scratch schema in it (default: local postgres)",
-    )
-    parser.add_argument(
-        "--broker", help="nats:// URL of a JetStream server (default: start the wheel's own)"
-    )
-    parser.add_argument("--out", default="compare-out", help="folder for the results")
-    parser.add_argument("--transactions", type=int, default=2000, help="per model")
-    parser.add_argument("--concurrency", type=int, default=4, help="app threads")
-    parser.add_argument("--rate", type=float, default=200.0, help="transactions/s offered")
-    parser.add_argument("--rollback-rate", type=float, default=0.1, help="0 <= r < 1")
-    parser.add_argument(
-        "--poison-rate",
-        type=float,
-        default=0.0,
-        help="0 <= r < 1: share of transactions whose message the broker refuses for good",
-    )
-    parser.add_argument("--payload-size", type=int, default=200, help="bytes of padding")
-    parser.add_argument(
-        "--faults",
-        default="",
-        help=f"comma-separated, or 'all': {', '.join(FAULTS)}",
-    )
-    parser.add_argument("--fault-seconds", type=float, default=3.0, help="length of a fault")
-    parser.add_argument("--master", default="local[2]", help="Spark master")
-    return parser
-
-
-def workload_of(args: argparse.Namespace) -> Workload:
-    names = tuple(FAULTS) if args.faults == "all" else tuple(filter(None, args.faults.split(",")))
-    return Workload(
-        transactions=args.transactions,
-        concurrency=args.concurrency,
-        rollback_rate=args.rollback_rate,
-        poison_rate=args.poison_rate,
-        payload_size=args.payload_size,
-        rate=args.rate,
-        faults=names,
-        fault_s=args.fault_seconds,
-    )
 
 
 @contextlib.contextmanager
@@ -152,7 +103,7 @@ def reconcile_both(
 ) -> dict[str, dict[str, Any]]:
     from pyspark.sql import SparkSession
 
-    from spark_jobs.reconcile import run
+    from spark_jobs.reconciliation import reconcile
 
     start = min(r.started for r in results) - timedelta(seconds=1)
     window = Window(start, datetime.now(UTC) + timedelta(seconds=120), sla_s=60)
@@ -170,7 +121,7 @@ def reconcile_both(
         for result in results:
             files = inputs[result.model]
             halfop = files.get("halfop")
-            summary = run(
+            summary = reconcile(
                 spark, files["ledger"], files["broker"], out / result.model / "report", window,
                 halfop,
             )  # fmt: skip
@@ -247,20 +198,21 @@ def print_table(models: dict[str, dict[str, Any]], workload: Workload) -> None:
 
 
 def report_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The run's options for compare.json, its URLs masked."""
-    urls = {name: mask_url(getattr(args, name)) for name in ("db", "broker") if getattr(args, name)}
-    return {**vars(args), **urls}
+    """The run's options (its own flags, not the CLI's) for compare.json, its URLs masked."""
+    own = argparse.ArgumentParser()
+    add_arguments(own)
+    options = {name: getattr(args, name) for name in vars(own.parse_args([]))}
+    urls = {name: mask_url(options[name]) for name in ("db", "broker") if options.get(name)}
+    return {**options, **urls}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        workload = workload_of(args)
-    except ValueError as exc:
-        parser.error(str(exc))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for quiet in ("alembic", "apscheduler", "outbox.halfop", "py4j", "nats"):
+def run(args: argparse.Namespace) -> int:
+    """Run both models, reconcile them, write the report; exit status 2 on a discrepancy.
+
+    A workload the flags describe wrongly raises ValueError before anything runs.
+    """
+    workload = workload_of(args)
+    for quiet in ("alembic", "apscheduler", "relay.halfop", "py4j", "nats"):
         logging.getLogger(quiet).setLevel(logging.WARNING)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -277,7 +229,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"report: {out / 'compare.html'}")
     bad = any(m.get("lost") or m.get("phantom") for m in models.values())
     return EXIT_DISCREPANCY if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

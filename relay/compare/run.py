@@ -1,9 +1,9 @@
 """The workload of `outbox compare`: the same transactions through model A and model B.
 
-Each model gets the same business (``relay.workload``: an order row per transaction),
+Each model gets the same business (``relay.compare.workload``: an order row per transaction),
 the same offered rate, the same rollback rate and payload size, and the same faults
 at the same moments of its run. A run leaves its own streams at the broker and its
-own rows in the database; ``spark_jobs.compare`` exports and reconciles them.
+own rows in the database; ``relay.compare.report`` exports and reconciles them.
 
 Faults (``FAULTS``), each lasting ``fault_s`` where it has a length:
 - ``kill``: SIGKILL of an app right after it committed (model A: 50 messages still in
@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -50,35 +49,23 @@ from sqlalchemy.orm import Session
 
 from outbox import Outbox
 from outbox.config import engine_from, with_query
-from outbox.halfop import (
-    LocalTransactionState,
-    SendStatus,
-    SqlTransactionListener,
-    TransactionProducer,
-)
 from outbox.table import DEAD, outbox_message, transaction_record
-from relay.brokers.nats import create_stream
-from relay.coordinator import Coordinator, CoordinatorSettings
-from relay.embedded import NatsServer
-from relay.faults import (
+from relay.brokers.nats import create_stream, read_stream
+from relay.compare.workload import FAULTS, POISON, Workload, business, orders, place_order
+from relay.halfop.coordinator import Coordinator, CoordinatorSettings
+from relay.halfop.producer import SqlTransactionListener, TransactionProducer
+from relay.halfop.protocol import LocalTransactionState, SendStatus
+from relay.testing.embedded import NatsServer
+from relay.testing.faults import (
     MarkKiller,
     TcpProxy,
     kill_app_after_commit,
     kill_producer_after_commit,
     paused,
 )
-from relay.workload import business, orders, place_order
 
-log = logging.getLogger("relay.compare")
+log = logging.getLogger("relay.compare.run")
 
-FAULTS = {
-    "kill": ("a", "b"),
-    "broker-down": ("a", "b"),
-    "drop": ("a", "b"),
-    "db-kill": ("a",),
-    "pause": ("a",),
-    "drop-ends": ("b",),
-}
 KILLED_APP_MESSAGES = 50
 SETTLE_TIMEOUT_S = 180.0
 # Short intervals, so that a quick run settles every fault within seconds.
@@ -92,43 +79,7 @@ QUICK_OUTBOX: dict[str, Any] = {
     "max_attempts": 8,  # a poison row is dead about 10 s after its commit
     "max_payload_bytes": 2 * 1024 * 1024,  # so that send() takes the poison (see POISON)
 }
-# With the raised limit, passes send() but exceeds nats-server's 1 MiB max_payload.
-POISON = b"x" * (1024 * 1024)
 QUICK_COORDINATOR = CoordinatorSettings(check_interval_s=0.5, transaction_timeout_s=1.0)
-
-
-@dataclass(frozen=True)
-class Workload:
-    transactions: int = 2000
-    concurrency: int = 4
-    rollback_rate: float = 0.1
-    poison_rate: float = 0.0
-    payload_size: int = 200
-    rate: float = 200.0  # transactions per second offered, all threads together
-    faults: tuple[str, ...] = ()
-    fault_s: float = 3.0
-    seed: int = 7
-
-    def __post_init__(self) -> None:
-        unknown = [f for f in self.faults if f not in FAULTS]
-        if unknown:
-            raise ValueError(f"faults: unknown {unknown}; known: {sorted(FAULTS)}")
-        if self.transactions < 1 or self.concurrency < 1 or self.rate <= 0:
-            raise ValueError("transactions, concurrency and rate must be positive")
-        for name in ("rollback_rate", "poison_rate"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name} must be in [0, 1)")
-
-    def payload(self, i: int) -> bytes:
-        if self.poisoned(i):
-            return POISON
-        return (f'{{"order":{i},"pad":"' + "x" * self.payload_size + '"}').encode()
-
-    def rolls_back(self, i: int) -> bool:
-        return random.Random(f"{self.seed}/rollback/{i}").random() < self.rollback_rate
-
-    def poisoned(self, i: int) -> bool:
-        return random.Random(f"{self.seed}/poison/{i}").random() < self.poison_rate
 
 
 @dataclass
@@ -181,23 +132,10 @@ class Delivered:
                 log.debug("delivered poll failed", exc_info=True)
 
     async def _read_new(self) -> None:
-        import nats
-        import nats.js.errors
-
-        nc = await nats.connect(servers=[self.url], connect_timeout=1, allow_reconnect=False)
-        try:
-            js = nc.jetstream(timeout=2)
-            last = (await js.stream_info(self.stream)).state.last_seq
-            while self._next_seq <= last:
-                try:
-                    msg = await js.get_msg(self.stream, self._next_seq)
-                except nats.js.errors.NotFoundError:
-                    msg = None
-                if msg is not None and msg.headers:
-                    self.first_seen.setdefault(msg.headers.get("Nats-Msg-Id", ""), time.time())
-                self._next_seq += 1
-        finally:
-            await nc.close()
+        for msg in await read_stream(self.url, self.stream, first_seq=self._next_seq):
+            if msg.msg_id:
+                self.first_seen.setdefault(msg.msg_id, time.time())
+            self._next_seq = msg.seq + 1
 
     def settled_at(self, msg_ids: set[str]) -> float | None:
         seen = self.first_seen
@@ -476,9 +414,9 @@ class ModelB(Run):
             with self._lock:
                 self.halfs += 1
         elif name == "drop-ends":
-            self.producer._link.drop_end_requests = True
+            self.producer.drop_end_requests = True
             time.sleep(self.w.fault_s)
-            self.producer._link.drop_end_requests = False
+            self.producer.drop_end_requests = False
 
     def start_parts(self) -> None:
         self.coordinator.start()
@@ -503,7 +441,7 @@ class Rejected(Exception):
 
 def start_worker(db: str, broker: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "OUTBOX_DB": db, "OUTBOX_BROKER": broker}
-    cmd = [sys.executable, "-c", "from outbox.cli import main; raise SystemExit(main())"]
+    cmd = [sys.executable, "-c", "from relay.cli import main; raise SystemExit(main())"]
     cmd += ["relay", "--interval", "0.5"]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -5,7 +5,7 @@ histograms when Prometheus scrapes, so the hot path pays nothing for it.
 
 In an app::
 
-    from outbox.metrics import register
+    from relay.metrics import register
     register(ob)  # into prometheus_client's default registry, served by your app
 
 A worker: ``outbox relay --metrics-port 9464`` serves ``/metrics`` itself.

@@ -20,7 +20,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from outbox.errors import PayloadTooLarge
-from outbox.halfop import (
+from relay.brokers.nats import too_large
+from relay.halfop.protocol import (
     CHECK_MAX_TOPIC,
     CHECK_SUBJECT,
     COMMIT_OR_ROLLBACK,
@@ -36,9 +37,7 @@ from outbox.halfop import (
     half_headers,
     message_from_half,
 )
-from relay.brokers.base import Broker, PublishResult
-from relay.brokers.nats import too_large
-from relay.loop import BrokerLoop
+from relay.loop import ConnectionLoop
 
 log = logging.getLogger("relay.halfop")
 
@@ -54,8 +53,8 @@ async def ensure_streams(js: JetStreamContext, names: list[str] | None = None) -
                 await js.add_stream(name=name, subjects=STREAMS[name])
 
 
-class _Connection(Broker):
-    """Holds the NATS connection on a BrokerLoop; publishing goes through the link."""
+class _Connection:
+    """Holds the NATS connection on a ConnectionLoop; the link publishes through ``nc``."""
 
     def __init__(self, url: str, on_connect: Callable[[Client], object]) -> None:
         self.url = url
@@ -71,9 +70,6 @@ class _Connection(Broker):
         if asyncio.iscoroutine(result):
             await result
 
-    async def publish(self, messages: object) -> list[PublishResult]:
-        raise NotImplementedError("model B publishes through ProducerLink")
-
     async def close(self) -> None:
         nc, self.nc = self.nc, None
         if nc is not None and not nc.is_closed:
@@ -87,9 +83,9 @@ class ProducerLink:
         self.group = group
         self._on_check = on_check
         self._conn = _Connection(url, self._subscribe)
-        self._relay = BrokerLoop(self._conn, name=f"halfop-{group}")
+        self._relay = ConnectionLoop(self._conn, name=f"halfop-{group}")
         self._ready: asyncio.Event | None = None
-        # A fault for tests: phase-2 end requests never leave (check answers still do).
+        # TransactionProducer.drop_end_requests: phase-2 end requests never leave.
         self.drop_end_requests = False
         self.ends_sent = 0
 

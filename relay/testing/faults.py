@@ -36,9 +36,9 @@ from sqlalchemy import Engine, create_engine, event, text
 
 from outbox.message import Message
 from relay.brokers.base import Broker, PublishResult
-from relay.embedded import free_port
+from relay.testing.embedded import free_port
 
-log = logging.getLogger("relay.faults")
+log = logging.getLogger("relay.testing.faults")
 
 
 # A message's fault: its own answer, an exception its publish raises, or None (healthy).
@@ -156,8 +156,8 @@ class TcpProxy:
 # before its end request left: check-back alone must settle the message.
 _KILLED_PRODUCER = """
 import os, sys
-from outbox.halfop import SqlTransactionListener, TransactionProducer
-from relay.workload import place_order
+from relay.halfop.producer import SqlTransactionListener, TransactionProducer
+from relay.compare.workload import place_order
 
 class DiesAfterCommit(SqlTransactionListener):
     def execute_local_transaction(self, msg, arg):

@@ -1,0 +1,124 @@
+"""The ``outbox`` command line: the parser assembled from one module per command group.
+
+- relay.cli.schema: migrate, status, requeue;
+- relay.cli.run: relay, drain;
+- relay.cli.data: export, reconcile;
+- relay.cli.modelb: coordinator, compare.
+
+Exit codes: 0 success, 1 the operation failed (the message says why), 2 bad usage,
+3 (status only) dead messages exist. Every failure is one line on stderr; ``--debug``
+adds the traceback. Connection strings come from flags or OUTBOX_DB / OUTBOX_BROKER;
+passwords and tokens are masked in everything printed or logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from outbox.config import check_broker_url, mask_url, scrub
+from outbox.errors import OutboxError
+from relay.cli import data, modelb, run, schema
+from relay.cli.common import EXIT_FAILED, EXIT_USAGE, UsageError, add_debug_flag
+
+GROUPS = (schema, run, data, modelb)
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    name: handler for group in GROUPS for name, handler in group.COMMANDS.items()
+}
+URL_FLAGS = ("db", "broker", "ledger")  # flags whose secrets are scrubbed from every line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="outbox",
+        description="Transactional outbox: schema, relay workers and operations.",
+        epilog="Exit codes: 0 success, 1 failure, 2 bad usage, 3 dead messages (status).",
+    )
+    add_debug_flag(parser, default=False)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in GROUPS:
+        for add_parser in group.PARSERS:
+            add_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    for flag in getattr(args, "needs", []):
+        if getattr(args, flag) is None:
+            env = f"OUTBOX_{flag.upper()}"
+            parser.error(f"--{flag} is required (or set {env})")
+    urls = [getattr(args, name, None) for name in URL_FLAGS]
+    setup_logging(urls)
+    try:
+        if getattr(args, "broker", None):
+            check_broker_url(args.broker)  # a bad broker URL fails before any DB work
+        return COMMANDS[args.command](args)
+    except Exception as exc:  # one line, whatever failed; --debug for the traceback
+        return report_error(args.command, exc, urls, args.debug, getattr(args, "db", None))
+
+
+def report_error(
+    command: str, exc: Exception, urls: list[str | None], debug: bool, db: str | None = None
+) -> int:
+    if debug:
+        print(scrub(traceback.format_exc(), urls), file=sys.stderr, end="")
+    line = scrub(f"outbox {command}: {describe_error(exc, db)}", urls)
+    print(line, file=sys.stderr)
+    return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
+
+
+def setup_logging(urls: list[str | None]) -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # two lines a second, idle
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # a line after the result or error
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # `migrate` prints where it ended
+    for handler in logging.getLogger().handlers:
+        for old in [f for f in handler.filters if isinstance(f, Scrubber)]:
+            handler.removeFilter(old)  # main() called again in one process: this run's URLs
+        handler.addFilter(Scrubber(urls))
+
+
+class Scrubber(logging.Filter):
+    """Takes the URLs' secrets out of every log line, whoever wrote it (client libraries too)."""
+
+    def __init__(self, urls: list[str | None]) -> None:
+        super().__init__()
+        self.urls = urls
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = scrub(record.getMessage(), self.urls), None
+        if record.exc_info:
+            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info), self.urls)
+        return True
+
+
+def describe_error(exc: Exception, db: str | None = None) -> str:
+    """One line, without the SQL echo or a password; a database error names the database."""
+    if isinstance(exc, OutboxError):
+        return " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, SQLAlchemyError):
+        orig = getattr(exc, "orig", None)
+        text = first_line(str(orig if orig is not None else exc))
+        where = f" (database {mask_url(db)})" if db else ""
+        return f"{type(exc).__name__}: {text}{where}"
+    return f"{type(exc).__name__}: {first_line(str(exc))}"
+
+
+def first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return " ".join(lines[0].split()) if lines else ""
+
+
+__all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""What every command module of the ``outbox`` command shares: exit codes, flags, errors."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import uuid
+from typing import TypeAlias, TypeVar
+
+from sqlalchemy import Engine
+
+from outbox.config import CONNECT_TIMEOUT_S, engine_from
+from outbox.errors import OutboxError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DEAD = 0, 1, 2, 3
+READ_TIMEOUT_S = 60.0  # a CLI read (status, requeue, drain's count) waits this long at most
+T = TypeVar("T")
+# A command's parsers come from one function per command: add_<command>(commands).
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+class UsageError(OutboxError):
+    """The command line is incomplete or contradictory (exit status 2)."""
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text!r}")
+    return value
+
+
+def msg_id(text: str) -> str:
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a msg_id (a UUID): {text!r}") from None
+
+
+def add_debug_flag(parser: argparse.ArgumentParser, default: object = argparse.SUPPRESS) -> None:
+    """--debug before or after the command (a subcommand's default must not reset it)."""
+    parser.add_argument(
+        "--debug", action="store_true", default=default, help="print tracebacks of errors"
+    )
+
+
+def add_db_flag(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """--db (and its connect timeout); ``required``: main() insists on it (or OUTBOX_DB)."""
+    parser.add_argument(
+        "--db",
+        default=os.environ.get("OUTBOX_DB"),
+        help="SQLAlchemy database URL (default: $OUTBOX_DB)",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=positive_float,
+        default=os.environ.get("OUTBOX_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S),
+        metavar="SECONDS",
+        help="give up connecting to the database after this long "
+        f"(default: $OUTBOX_CONNECT_TIMEOUT or {CONNECT_TIMEOUT_S:.0f})",
+    )
+    add_debug_flag(parser)
+    if required:
+        needs(parser, "db")
+
+
+def add_broker_flag(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    parser.add_argument(
+        "--broker",
+        default=os.environ.get("OUTBOX_BROKER"),
+        help="broker URL, e.g. nats://127.0.0.1:4222 (default: $OUTBOX_BROKER)",
+    )
+    if required:
+        needs(parser, "broker")
+
+
+def needs(parser: argparse.ArgumentParser, flag: str) -> None:
+    """main() refuses the command without ``--flag`` (flags may come from the environment)."""
+    parser.set_defaults(needs=[*(parser.get_default("needs") or []), flag])
+
+
+def database(args: argparse.Namespace, reads: bool = False) -> Engine:
+    """The engine for --db, with the command line's timeouts (reads bounded when asked)."""
+    return engine_from(args.db, args.connect_timeout, READ_TIMEOUT_S if reads else None)
+
+
+def required(value: T | None, flag: str, purpose: str) -> T:
+    if not value:
+        raise UsageError(f"{flag} is required for {purpose}")
+    return value

@@ -1,0 +1,112 @@
+"""`outbox export` (ledger, records, broker logs to Parquet) and `outbox reconcile` (Spark)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from outbox.errors import OutboxError
+from relay.brokers import family_of
+from relay.cli.common import EXIT_OK, Commands, UsageError, add_db_flag, required
+from spark_jobs import reconcile
+from spark_jobs.flags import iso_time
+
+
+def add_export(commands: Commands) -> None:
+    exp = commands.add_parser(
+        "export",
+        help="write the ledger or the broker log to Parquet (for `outbox reconcile`)",
+        description="Stream the outbox ledger (any supported DB) or a broker's log to a Parquet "
+        "file in bounded memory. The broker URL's scheme says what to read: nats:// a "
+        "JetStream stream (--stream), redis:// topics' streams (--topic), amqp:// the "
+        "relay's audit stream queue (--queue).",
+    )
+    exp.add_argument(
+        "what",
+        choices=["ledger", "broker", "records", "halfop"],
+        help="ledger: outbox_message; broker: the broker's log; model B: records (the "
+        "listener's table) and halfop (the half, op and discarded streams, nats:// only)",
+    )
+    add_db_flag(exp, required=False)  # only ledger and records read the database
+    exp.add_argument(
+        "--broker", default=os.environ.get("OUTBOX_BROKER"), help="broker URL (broker export)"
+    )
+    exp.add_argument("--stream", help="JetStream stream to read (nats:// broker export)")
+    exp.add_argument(
+        "--topic",
+        dest="topics",
+        action="append",
+        metavar="TOPIC",
+        help="topic whose stream to read, repeatable (redis:// broker export)",
+    )
+    exp.add_argument(
+        "--queue",
+        help="audit stream queue to read, the relay's ?audit=QUEUE (amqp:// broker export)",
+    )
+    exp.add_argument("--since", type=iso_time, help="ISO 8601 start (default: the beginning)")
+    exp.add_argument("--until", type=iso_time, help="ISO 8601 end (default: now)")
+    exp.add_argument("--out", required=True, help="Parquet file to write")
+
+
+def add_reconcile(commands: Commands) -> None:
+    rec = commands.add_parser(
+        "reconcile",
+        help="reconcile ledger and broker log on Spark: lost, duplicated, phantom, latency",
+        description="Run spark_jobs/reconcile.py locally (local[*]); the same file runs under "
+        "spark-submit. Exit status 2 when lost or phantom messages were found.",
+    )
+    reconcile.add_arguments(rec)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from relay import export
+
+    folder = Path(args.out).parent
+    if not folder.is_dir():  # before any connection: nothing to undo then
+        raise OutboxError(f"--out {args.out}: no folder {folder}")
+    if args.what == "ledger":
+        db = required(args.db, "--db", "a ledger export (or set OUTBOX_DB)")
+        count = export.export_ledger(db, args.out, args.since, args.until)
+    elif args.what == "records":
+        db = required(args.db, "--db", "a records export (or set OUTBOX_DB)")
+        count = export.export_records(db, args.out, args.since, args.until)
+    elif args.what == "halfop":
+        broker = required(args.broker, "--broker", "a half/op export (or set OUTBOX_BROKER)")
+        count = export.export_halfop_nats(broker, args.out, args.since, args.until)
+    else:
+        count = export_broker(args)
+    print(f"exported {count} row(s) to {args.out}")
+    return EXIT_OK
+
+
+def export_broker(args: argparse.Namespace) -> int:
+    """The broker's log, read the way its URL's scheme says."""
+    from relay import export
+
+    url = required(args.broker, "--broker", "a broker export (or set OUTBOX_BROKER)")
+    family = family_of(url)
+    scheme = url.partition("://")[0]
+    window = (args.out, args.since, args.until)
+    if family == "nats":
+        stream = required(args.stream, "--stream", f"a broker export from {scheme}://")
+        return export.export_broker_nats(url, stream, *window)
+    if family == "redis":
+        topics = required(args.topics, "--topic", f"a broker export from {scheme}://")
+        return export.export_broker_redis(url, topics, *window)
+    queue = required(args.queue, "--queue", f"a broker export from {scheme}://")
+    return export.export_broker_rabbitmq(url, queue, *window)
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    if error := reconcile.window_error(args):
+        raise UsageError(error)
+    return reconcile.run(args, prog="outbox reconcile")
+
+
+PARSERS = (add_export, add_reconcile)
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "export": cmd_export,
+    "reconcile": cmd_reconcile,
+}

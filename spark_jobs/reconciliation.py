@@ -1,0 +1,193 @@
+"""The reconciliation on Spark: classify every msg_id of the window, sum it up, report.
+
+``spark_jobs.reconcile`` is the job's entry (its flags, ``main`` for spark-submit and
+``run`` for `outbox reconcile`); this module is what it runs.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import pairwise
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+if TYPE_CHECKING:
+    from spark_jobs.reconcile import Window
+
+LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 60000)
+
+
+def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
+    """One row per msg_id in question, with its kind and details (the discrepancies and more).
+
+    One full outer join of the ledger with the broker's copies per msg_id gives both
+    the committed side (delivered, pending, lost, dead) and the phantoms.
+    """
+    valid = ledger.where(F.col("msg_id").isNotNull() & (F.length("msg_id") > 0))
+    in_broker_window = (F.col("broker_ts") >= F.lit(window.start)) & (
+        F.col("broker_ts") < F.lit(window.end)
+    )
+    copies = broker.groupBy("msg_id").agg(  # entries without a msg_id group together: a phantom
+        F.count(F.lit(1)).alias("copies"),
+        F.sum(F.when(in_broker_window, 1).otherwise(0)).alias("copies_in_window"),
+        F.min("broker_ts").alias("first_ts"),
+        F.first("topic").alias("broker_topic"),
+    )
+    in_ledger = F.col("created_at").isNotNull()
+    in_window = (F.col("created_at") >= F.lit(window.start)) & (
+        F.col("created_at") < F.lit(window.end)
+    )
+    phantom = ~in_ledger & (F.col("copies_in_window") > 0)
+    kind = (
+        F.when(~in_ledger, F.lit("phantom"))
+        .when(F.col("copies").isNotNull(), F.lit("delivered"))
+        .when(F.col("status") == "dead", F.lit("dead"))
+        .when(F.col("created_at") >= F.lit(window.pending_after), F.lit("pending"))
+        .otherwise(F.lit("lost"))
+    )
+    judged = (
+        valid.select("msg_id", "topic", "status", "created_at")
+        .join(copies, "msg_id", "full_outer")
+        .where((in_ledger & in_window) | phantom)
+        .select(
+            "msg_id",
+            F.when(in_ledger, F.col("topic")).otherwise(F.col("broker_topic")).alias("topic"),
+            kind.alias("kind"),
+            F.when(in_ledger, F.coalesce("copies", F.lit(0)))
+            .otherwise(F.col("copies_in_window"))
+            .alias("copies"),
+            latency_ms(F.col("first_ts"), F.col("created_at")).alias("latency_ms"),
+            F.when(in_ledger, F.col("status")).otherwise(F.lit("no ledger row")).alias("details"),
+        )
+    )
+    malformed = ledger.where(F.col("msg_id").isNull() | (F.length("msg_id") == 0)).select(
+        "msg_id", "topic", F.lit(0).alias("copies"), "id"
+    )
+    malformed = labelled(
+        malformed, "malformed", F.concat(F.lit("ledger id "), F.col("id").cast("string"))
+    )
+    return judged.unionByName(malformed)
+
+
+def labelled(frame: DataFrame, kind: str, details: Column) -> DataFrame:
+    return frame.select(
+        "msg_id",
+        "topic",
+        F.lit(kind).alias("kind"),
+        "copies",
+        F.lit(None).cast("double").alias("latency_ms"),
+        details.alias("details"),
+    )
+
+
+def latency_ms(broker_ts: Column, created_at: Column) -> Column:
+    return (broker_ts.cast("double") - created_at.cast("double")) * 1000
+
+
+def summarise(classified: DataFrame) -> dict[str, Any]:
+    """Counts per topic and in total, and latency percentiles of delivered messages."""
+    kinds = ("delivered", "pending", "lost", "dead", "phantom", "malformed")
+    aggs = [F.sum(F.when(F.col("kind") == k, 1).otherwise(0)).alias(k) for k in kinds]
+    aggs += [
+        F.sum(F.when(F.col("kind") != "phantom", 1).otherwise(0)).alias("committed"),
+        F.sum(F.when(F.col("copies") > 1, F.col("copies") - 1).otherwise(0)).alias("duplicated"),
+        F.percentile_approx(
+            F.when(F.col("kind") == "delivered", F.col("latency_ms")), [0.5, 0.9, 0.99]
+        ).alias("lat"),
+        F.max(F.when(F.col("kind") == "delivered", F.col("latency_ms"))).alias("latency_max_ms"),
+        *histogram_aggs(),
+    ]
+    rows = (
+        classified.withColumn("topic", F.coalesce("topic", F.lit("?")))
+        .rollup("topic")
+        .agg(*aggs)
+        .collect()
+    )
+    summary: dict[str, Any] = {"topics": {}, "total": {}}
+    for row in rows:
+        data = row.asDict()
+        buckets = [(label, int(data.pop(label) or 0)) for label in histogram_labels()]
+        lat = data.pop("lat") or [None, None, None]
+        data.update(latency_p50_ms=lat[0], latency_p90_ms=lat[1], latency_p99_ms=lat[2])
+        data["committed"] -= data["malformed"]
+        topic = data.pop("topic")
+        clean = {k: (int(v) if isinstance(v, int) else v) for k, v in data.items()}
+        if topic is None:
+            summary["total"], summary["latency_histogram"] = clean, buckets
+        else:
+            summary["topics"][topic] = clean
+    return summary
+
+
+def histogram_aggs() -> list[Column]:
+    """One count per latency bucket of delivered messages, computed in the summary's pass."""
+    delivered = F.col("kind") == "delivered"
+    edges = [float("-inf"), *LATENCY_BUCKETS_MS, float("inf")]
+    return [
+        F.sum(
+            F.when(
+                delivered & (F.col("latency_ms") > lo) & (F.col("latency_ms") <= hi), 1
+            ).otherwise(0)
+        ).alias(label)
+        for (lo, hi), label in zip(pairwise(edges), histogram_labels(), strict=True)
+    ]
+
+
+def histogram_labels() -> list[str]:
+    return [f"<={e}" for e in LATENCY_BUCKETS_MS] + [f">{LATENCY_BUCKETS_MS[-1]}"]
+
+
+def reconcile(
+    spark: SparkSession,
+    ledger_path: str,
+    broker_path: str,
+    out: str | Path,
+    window: Window,
+    halfop_path: str | None = None,
+) -> dict[str, Any]:
+    """Read the inputs, write summary.json, discrepancies/ and report.html.
+
+    With ``halfop_path`` the run is for model B: ``ledger_path`` then holds the
+    SqlTransactionListener's records, and the half/op log adds model B's counts.
+    """
+    from spark_jobs import model_b
+    from spark_jobs.ledger import read_ledger
+    from spark_jobs.report import write_report
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if halfop_path is None:
+        ledger = read_ledger(spark, ledger_path)
+    else:
+        # read by the ledger and by model B's counts: grouped once
+        per_msg = model_b.halfs_per_message(spark.read.parquet(halfop_path)).cache()
+        ledger = model_b.ledger_from_records(spark.read.parquet(ledger_path), per_msg)
+    classified = classify(ledger, spark.read.parquet(broker_path), window).cache()
+    summary = summarise(classified)
+    if halfop_path is not None:
+        model_b.add_counts(summary, model_b.halfop_counts(per_msg, window))
+        per_msg.unpersist()
+    summary["window"] = {
+        "start": window.start.isoformat(),
+        "end": window.end.isoformat(),
+        "sla_s": window.sla_s,
+    }
+    write_discrepancies(classified, out / "discrepancies")
+    classified.unpersist()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_report(out / "report.html", summary)
+    return summary
+
+
+def write_discrepancies(classified: DataFrame, path: Path) -> None:
+    """msg_id, kind, topic, copies, details of every row that is not a clean delivery."""
+    wrong = classified.where(
+        F.col("kind").isin("lost", "phantom", "dead", "malformed") | (F.col("copies") > 1)
+    )
+    kind = F.when(F.col("kind") == "delivered", F.lit("duplicated")).otherwise(F.col("kind"))
+    wrong.withColumn("kind", kind).select(
+        "msg_id", "kind", "topic", "copies", "details"
+    ).write.mode("overwrite").parquet(str(path))
