@@ -25,6 +25,7 @@ from outbox.tracking import remember
 
 if TYPE_CHECKING:  # the relay is imported when it starts: relay modules import outbox
     from relay.dispatcher import Dispatcher
+    from relay.listener import Listeners, RelayListener
     from relay.loop import BrokerLoop
     from relay.stats import Stats
     from relay.worker import RelayJobs
@@ -47,6 +48,8 @@ class Outbox:
     ``db`` is a SQLAlchemy URL or the app's own Engine. ``broker`` is a broker URL
     (``nats://``, ``amqp://``, ``redis://``), or None when another process relays.
     ``sweeper``: also run the sweeper in this process once started (default True).
+    ``listener``: a ``relay.listener.RelayListener`` whose hooks hear what the relay
+    did with each message (more with ``add_listener``).
     Other options are the fields of ``outbox.config.Settings``.
     """
 
@@ -57,6 +60,7 @@ class Outbox:
         *,
         session_factory: sessionmaker[Session] | None = None,
         sweeper: bool = True,
+        listener: RelayListener | None = None,
         **options: Any,
     ) -> None:
         self.settings = Settings.from_options(options)
@@ -71,6 +75,8 @@ class Outbox:
         self._relay: BrokerLoop | None = None
         self._count_lock = threading.Lock()
         self._stats: Stats | None = None
+        self._listeners: list[RelayListener] = [] if listener is None else [listener]
+        self._hooks: Listeners | None = None  # made at the first start, kept across restarts
         self.committed = 0  # messages whose transaction committed, seen by this process
         self.handed_off = 0  # of those, taken by the in-process relay
 
@@ -138,6 +144,14 @@ class Outbox:
 
         return run_in_transaction
 
+    def add_listener(self, listener: RelayListener) -> None:
+        """Call ``listener``'s hooks too, from the next event on (also while running)."""
+        with self._count_lock:
+            self._listeners.append(listener)
+            hooks = self._hooks
+        if hooks is not None:
+            hooks.add(listener)
+
     def relay_parts(self) -> tuple[Dispatcher | None, RelayJobs | None]:
         """The running fast path and sweeper jobs (None when stopped), for metrics."""
         return self._dispatcher, self._jobs
@@ -160,9 +174,14 @@ class Outbox:
         from relay.acks import sql_finisher, sql_verifier
         from relay.brokers import broker_for
         from relay.dispatcher import Dispatcher
+        from relay.listener import Listeners
         from relay.loop import BrokerLoop
         from relay.worker import RelayJobs
 
+        with self._count_lock:
+            if self._hooks is None:
+                self._hooks = Listeners(*self._listeners)
+            hooks = self._hooks
         relay = BrokerLoop(broker_for(self.broker_url))
         relay.start()
         dispatcher = Dispatcher(
@@ -170,11 +189,12 @@ class Outbox:
             sql_finisher(self.engine, self.settings.mark_mode),
             self.settings,
             verify=sql_verifier(self.engine) if self.settings.verify_commit else None,
+            listener=hooks,
         )
         dispatcher.start()
         self._relay, self._dispatcher, self._stats = relay, dispatcher, dispatcher.stats
         if self.sweeper:
-            self._jobs = RelayJobs(self.engine, relay, self.settings)
+            self._jobs = RelayJobs(self.engine, relay, self.settings, listener=hooks)
             self._jobs.start()
 
     def stop(self, timeout: float = 5.0) -> None:
