@@ -75,8 +75,8 @@ class Outbox:
         self._relay: BrokerLoop | None = None
         self._count_lock = threading.Lock()
         self._stats: Stats | None = None
-        self._listeners: list[RelayListener] = [] if listener is None else [listener]
-        self._hooks: Listeners | None = None  # made at the first start, kept across restarts
+        self._listeners: tuple[RelayListener, ...] = () if listener is None else (listener,)
+        self._hooks: Listeners | None = None  # the running relay's, which it calls
         self.committed = 0  # messages whose transaction committed, seen by this process
         self.handed_off = 0  # of those, taken by the in-process relay
 
@@ -144,10 +144,15 @@ class Outbox:
 
         return run_in_transaction
 
+    @property
+    def listeners(self) -> tuple[RelayListener, ...]:
+        """The listeners the relay calls (``listener=`` and those added)."""
+        return self._listeners
+
     def add_listener(self, listener: RelayListener) -> None:
         """Call ``listener``'s hooks too, from the next event on (also while running)."""
         with self._count_lock:
-            self._listeners.append(listener)
+            self._listeners = (*self._listeners, listener)
             hooks = self._hooks
         if hooks is not None:
             hooks.add(listener)
@@ -178,10 +183,7 @@ class Outbox:
         from relay.loop import BrokerLoop
         from relay.worker import RelayJobs
 
-        with self._count_lock:
-            if self._hooks is None:
-                self._hooks = Listeners(*self._listeners)
-            hooks = self._hooks
+        hooks = Listeners(*self.listeners)
         relay = BrokerLoop(broker_for(self.broker_url))
         relay.start()
         dispatcher = Dispatcher(
@@ -193,6 +195,10 @@ class Outbox:
         )
         dispatcher.start()
         self._relay, self._dispatcher, self._stats = relay, dispatcher, dispatcher.stats
+        with self._count_lock:
+            self._hooks = dispatcher.listeners  # one added meanwhile is missed: add it now
+            for listener in self._listeners:
+                self._hooks.add(listener)
         if self.sweeper:
             self._jobs = RelayJobs(self.engine, relay, self.settings, listener=hooks)
             self._jobs.start()
