@@ -55,16 +55,16 @@ class AckBatcher:
     ) -> None:
         self._finish = finish
         self.stats = stats
-        self.listeners = listeners or Listeners()
+        self.listeners = Listeners() if listeners is None else listeners
         self.batch_size = batch_size
         self.flush_s = flush_ms / 1000
-        self._waiting: list[Sent] = []
+        self._waiting: list[tuple[str, str, str, float | None]] = []  # the fields of Sent
         self._timer: asyncio.TimerHandle | None = None
         self._flushes: set[asyncio.Task[None]] = set()
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-acks")
 
-    def add(self, sent: Sent) -> None:
-        self._waiting.append(sent)
+    def add(self, msg_id: str, receipt: str, topic: str, latency_s: float | None) -> None:
+        self._waiting.append((msg_id, receipt, topic, latency_s))
         if len(self._waiting) >= self.batch_size:
             self._flush_now()
         elif self._timer is None:
@@ -81,9 +81,9 @@ class AckBatcher:
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
 
-    async def _write(self, batch: list[Sent]) -> None:
+    async def _write(self, batch: list[tuple[str, str, str, float | None]]) -> None:
         loop = asyncio.get_running_loop()
-        acks = [(sent.msg_id, sent.receipt) for sent in batch]
+        acks = [(msg_id, receipt) for msg_id, receipt, _, _ in batch]
         for delay in RETRY_DELAYS_S:
             await asyncio.sleep(delay)
             self.stats.mark_statements += 1
@@ -94,7 +94,9 @@ class AckBatcher:
                     "marking %d acked message(s) failed: %s", len(batch), exc.__class__.__name__
                 )
                 continue
-            self.listeners.published(batch, "fast")  # before the count: waiting on it sees both
+            if self.listeners:  # Sent records only for someone to hear them
+                sent = [Sent(msg_id, topic, receipt, lat) for msg_id, receipt, topic, lat in batch]
+                self.listeners.published(sent, "fast")  # before the count: waiting on it sees both
             self.stats.marked += changed  # added after the await: writes overlap
             return
         self.listeners.left_for_sweeper([msg_id for msg_id, _ in acks], "mark_failed")

@@ -26,7 +26,7 @@ from outbox.tracing import publish_span
 from relay.acks import AckBatcher, Finish, Verify
 from relay.brokers import Broker
 from relay.brokers.base import Outcome, PublishResult, publish_isolated, retry
-from relay.listener import Failed, Listeners, RelayListener, Sent
+from relay.listener import Failed, Listeners, RelayListener
 from relay.loop import BrokerLoop
 from relay.stats import Stats
 from relay.timewheel import TimeWheel
@@ -280,7 +280,7 @@ class Dispatcher:
             self.stats.first_attempt += delivery.attempt == 0
             self.stats.duplicates += result.duplicate
             self.stats.latencies.append(latency)
-            self._acks.add(Sent(message.msg_id, message.topic, result.receipt or "", latency))
+            self._acks.add(message.msg_id, result.receipt or "", message.topic, latency)
             return
         failed = Failed(message.msg_id, message.topic, delivery.attempt + 1, result.error or "")
         if result.outcome is Outcome.PERMANENT:

@@ -95,6 +95,10 @@ class Listeners(RelayListener):
             return listener
         return cls() if listener is None else cls(listener)
 
+    def __bool__(self) -> bool:
+        """False when nobody listens: the relay can skip preparing a hook's arguments."""
+        return bool(self._all)
+
     def add(self, listener: RelayListener) -> None:
         """Call ``listener`` too, from the next event on; adding it again does nothing."""
         with self._adding:
