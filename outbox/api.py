@@ -25,6 +25,7 @@ from outbox.tracking import remember
 
 if TYPE_CHECKING:  # types only: the relay itself is imported by start()
     from relay.dispatcher import Dispatcher
+    from relay.listener import Listeners, RelayListener
     from relay.loop import BrokerLoop
     from relay.stats import Stats
     from relay.worker import RelayJobs
@@ -47,6 +48,8 @@ class Outbox:
     ``db`` is a SQLAlchemy URL or the app's own Engine. ``broker`` is a broker URL
     (``nats://``, ``amqp://``, ``redis://``), or None when another process relays.
     ``sweeper``: also run the sweeper in this process once started (default True).
+    ``listener``: a ``relay.listener.RelayListener`` whose hooks hear what the relay
+    did with each message (more with ``add_listener``).
     Other options are the fields of ``outbox.config.Settings``.
     """
 
@@ -57,6 +60,7 @@ class Outbox:
         *,
         session_factory: sessionmaker[Session] | None = None,
         sweeper: bool = True,
+        listener: RelayListener | None = None,
         **options: Any,
     ) -> None:
         self.settings = Settings.from_options(options)
@@ -71,6 +75,8 @@ class Outbox:
         self._relay: BrokerLoop | None = None
         self._count_lock = threading.Lock()
         self._stats: Stats | None = None
+        self._listeners: tuple[RelayListener, ...] = () if listener is None else (listener,)
+        self._hooks: Listeners | None = None  # the running relay's, which it calls
         self.committed = 0  # messages whose transaction committed, seen by this process
         self.handed_off = 0  # of those, taken by the in-process relay
 
@@ -138,6 +144,19 @@ class Outbox:
 
         return run_in_transaction
 
+    @property
+    def listeners(self) -> tuple[RelayListener, ...]:
+        """The listeners the relay calls (``listener=`` and those added)."""
+        return self._listeners
+
+    def add_listener(self, listener: RelayListener) -> None:
+        """Call ``listener``'s hooks too, from the next event on (also while running)."""
+        with self._count_lock:
+            self._listeners = (*self._listeners, listener)
+            hooks = self._hooks
+        if hooks is not None:
+            hooks.add(listener)
+
     def relay_parts(self) -> tuple[Dispatcher | None, RelayJobs | None]:
         """The running fast path and sweeper jobs (None when stopped), for metrics."""
         return self._dispatcher, self._jobs
@@ -161,6 +180,10 @@ class Outbox:
 
         self._relay, self._dispatcher, self._jobs = start_relay(self)
         self._stats = self._dispatcher.stats
+        with self._count_lock:
+            self._hooks = self._dispatcher.listeners  # one added meanwhile is missed: add it now
+            for listener in self._listeners:
+                self._hooks.add(listener)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the relay: no new work; in-flight publishes and acks finish within ``timeout``.

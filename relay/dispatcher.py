@@ -6,6 +6,7 @@ an asyncio loop that keeps many publishes in flight; an ack goes to the AckBatch
 retryable failure to the TimeWheel for its next attempt. When the retry schedule is
 spent, or a message is older than the hand-off limit, it leaves memory and waits in
 the table for the sweeper, which only takes rows older than its own threshold.
+Listeners (relay.listener) hear each batch's outcomes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from outbox.config import Settings
 from outbox.message import Message
@@ -25,6 +26,7 @@ from outbox.tracing import publish_span
 from relay.acks import AckBatcher, Finish, Verify
 from relay.brokers import Broker
 from relay.brokers.base import Outcome, PublishResult, publish_isolated, retry
+from relay.listener import Failed, Listeners, RelayListener
 from relay.loop import BrokerLoop
 from relay.stats import Stats
 from relay.timewheel import TimeWheel
@@ -40,6 +42,26 @@ class Delivery:
     check: bool = True  # re-read the row before publishing
 
 
+@dataclass(slots=True)
+class Settled:
+    """The outcomes of one batch other than acks, told to the listeners together."""
+
+    retried: list[Failed] = field(default_factory=list)
+    rejected: list[Failed] = field(default_factory=list)
+    exhausted: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+
+    def tell(self, listeners: Listeners) -> None:
+        if self.retried:
+            listeners.retried(self.retried, "fast")
+        if self.rejected:
+            listeners.rejected(self.rejected)
+        if self.exhausted:
+            listeners.left_for_sweeper(self.exhausted, "exhausted")
+        if self.stopped:
+            listeners.left_for_sweeper(self.stopped, "stopped")
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -48,12 +70,14 @@ class Dispatcher:
         settings: Settings | None = None,
         clock: Callable[[], float] = time.monotonic,
         verify: Verify | None = None,
+        listener: RelayListener | None = None,
     ) -> None:
         self._owns_loop = not isinstance(broker, BrokerLoop)
         self.relay = broker if isinstance(broker, BrokerLoop) else BrokerLoop(broker)
         self.broker = self.relay.broker
         self.settings = settings or Settings()
         self.stats = Stats()
+        self.listeners = Listeners.of(listener)
         self._clock = clock
         self._finish = finish
         self._verify = verify
@@ -80,8 +104,11 @@ class Dispatcher:
                 else 0
             )
             self._queued += taken
-            if taken == 0 and self._accepting:
+            full = taken == 0 and self._accepting
+            if full:
                 self.stats.queue_full += len(messages)
+        if full:
+            self.listeners.left_for_sweeper([m.msg_id for m in messages], "queue_full")
         if taken == 0:
             return 0
         now = self._clock()
@@ -127,7 +154,11 @@ class Dispatcher:
             self.settings.tick_ms, max(self.settings.retry_delays_ms), self._clock
         )
         self._acks = AckBatcher(
-            self._finish, self.stats, self.settings.ack_batch_size, self.settings.ack_flush_ms
+            self._finish,
+            self.stats,
+            self.settings.ack_batch_size,
+            self.settings.ack_flush_ms,
+            self.listeners,
         )
         self._verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-verify")
         self._ticker = asyncio.create_task(self._tick())
@@ -140,6 +171,7 @@ class Dispatcher:
             self._queued -= len(deliveries)
         if self._stopping:  # raced with stop(): the rows stay for the sweeper
             self.stats.dropped_at_stop += len(deliveries)
+            self.listeners.left_for_sweeper([d.message.msg_id for d in deliveries], "stopped")
             return
         self.stats.accepted += len(deliveries)
         self._queue.extend(deliveries)
@@ -165,19 +197,24 @@ class Dispatcher:
 
     def _take_batch(self) -> list[Delivery]:
         batch: list[Delivery] = []
+        too_old: list[str] = []
         now = self._clock()
         while self._queue and len(batch) < self.settings.publish_batch:
             delivery = self._queue.popleft()
             if now - delivery.message.born > self.settings.handoff_limit_s:
-                self.stats.too_old += 1  # the sweeper may already be on it
+                too_old.append(delivery.message.msg_id)  # the sweeper may already be on it
             else:
                 batch.append(delivery)
+        if too_old:
+            self.stats.too_old += len(too_old)
+            self.listeners.left_for_sweeper(too_old, "too_old")
         return batch
 
     async def _publish(self, taken: list[Delivery]) -> None:
         batch: list[Delivery] = []
+        settled = Settled()
         try:
-            batch = await self._committed_only(taken)
+            batch = await self._committed_only(taken, settled)
             messages = [d.message for d in batch]
             with publish_span(messages):
                 # One message's exception is that message's: it never fails its batch.
@@ -189,11 +226,12 @@ class Dispatcher:
             self._in_flight -= len(taken)
         now = self._clock()
         for delivery, result in zip(batch, results, strict=True):
-            self._settle(delivery, result, now)
+            self._settle(delivery, result, now, settled)
+        settled.tell(self.listeners)
         if not self._stopping:
             self._dispatch()
 
-    async def _committed_only(self, batch: list[Delivery]) -> list[Delivery]:
+    async def _committed_only(self, batch: list[Delivery], settled: Settled) -> list[Delivery]:
         """Keep the deliveries whose rows are visible and pending; retry the others later.
 
         Only deliveries marked ``check`` are looked up. A row not visible yet belongs
@@ -224,31 +262,41 @@ class Dispatcher:
                 kept.append(delivery)
             else:
                 self.stats.not_visible += 1
-                self._settle(delivery, retry("row not visible: transaction not committed"), now)
+                not_visible = retry("row not visible: transaction not committed")
+                self._settle(delivery, not_visible, now, settled)
         return kept
 
     def depths(self) -> tuple[int, int]:
         """(messages in msgQueue, messages in the time wheel), for metrics; any thread."""
         return len(self._queue), len(self._wheel)
 
-    def _settle(self, delivery: Delivery, result: PublishResult, now: float) -> None:
+    def _settle(
+        self, delivery: Delivery, result: PublishResult, now: float, settled: Settled
+    ) -> None:
+        message = delivery.message
         if result.ok:
+            latency = now - delivery.committed
             self.stats.published += 1
             self.stats.first_attempt += delivery.attempt == 0
             self.stats.duplicates += result.duplicate
-            self.stats.latencies.append(now - delivery.committed)
-            self.stats.commit_to_ack.observe(now - delivery.committed)
-            self._acks.add(delivery.message.msg_id, result.receipt or "")
-        elif result.outcome is Outcome.PERMANENT:
+            self.stats.latencies.append(latency)
+            self._acks.add(message.msg_id, result.receipt or "", message.topic, latency)
+            return
+        failed = Failed(message.msg_id, message.topic, delivery.attempt + 1, result.error or "")
+        if result.outcome is Outcome.PERMANENT:
             self.stats.rejected += 1
-            log.warning("%s rejected by the broker: %s", delivery.message.msg_id, result.error)
+            settled.rejected.append(failed)
+            log.warning("%s rejected by the broker: %s", message.msg_id, result.error)
         elif self._stopping:
             self.stats.dropped_at_stop += 1
+            settled.stopped.append(message.msg_id)
         elif delivery.attempt + 1 >= len(self.settings.retry_delays_ms):
             self.stats.exhausted += 1
+            settled.exhausted.append(message.msg_id)
         else:
             delivery.attempt += 1
             self.stats.retried += 1
+            settled.retried.append(failed)
             self._wheel.schedule(delivery, self.settings.retry_delays_ms[delivery.attempt])
             self._wheel_busy.set()
 
@@ -266,9 +314,11 @@ class Dispatcher:
 
     async def _shutdown(self, deadline: float) -> None:
         self._stopping = True
-        self.stats.dropped_at_stop += len(self._queue) + len(self._wheel)
+        left = [d.message.msg_id for d in (*self._queue, *self._wheel.clear())]
         self._queue.clear()
-        self._wheel.clear()
+        self.stats.dropped_at_stop += len(left)
+        if left:
+            self.listeners.left_for_sweeper(left, "stopped")
         try:
             await asyncio.wait_for(self._finish_in_flight(), max(0.0, deadline - time.monotonic()))
         except TimeoutError:

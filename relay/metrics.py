@@ -1,7 +1,7 @@
 """Prometheus metrics of the relay (optional: ``pip install outbox-relay[metrics]``).
 
-Nothing is counted twice: the collector reads the relay's own counters and
-histograms when Prometheus scrapes, so the hot path pays nothing for it.
+The counters come from a listener (relay.listener) the relay calls once per batch;
+the two gauges are read when Prometheus scrapes.
 
 In an app::
 
@@ -19,7 +19,8 @@ Metrics: ``outbox_messages_sent_total{path}``, ``outbox_messages_retried_total{p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
@@ -31,74 +32,126 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from relay.listener import Failed, Path, Reason, RelayListener, Sent
+from relay.stats import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS_S, SWEEP_BUCKETS_S, Histogram
+
 if TYPE_CHECKING:
     from outbox.api import Outbox
     from relay.dispatcher import Dispatcher
-    from relay.stats import Histogram
+    from relay.sweeper import SweepResult
     from relay.worker import RelayJobs
 
 Parts = Callable[[], "tuple[Dispatcher | None, RelayJobs | None]"]
+LEFT_REASONS = ("queue_full", "exhausted", "too_old", "rejected", "mark_failed", "stopped")
+
+
+class RelayCounts(RelayListener):
+    """What the relay reported, summed; hooks come from several threads, hence the lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sent = {"fast": 0, "sweeper": 0}
+        self.retries = {"fast": 0, "sweeper": 0}
+        self.left = dict.fromkeys(LEFT_REASONS, 0)
+        self.swept_rows = 0
+        self.dead_rows = 0
+        self.commit_to_ack = Histogram(LATENCY_BUCKETS_S)
+        self.batch_sizes = Histogram(BATCH_SIZE_BUCKETS)  # rows claimed per sweep batch
+        self.batch_seconds = Histogram(SWEEP_BUCKETS_S)  # claim to commit of a sweep batch
+
+    def published(self, sent: Sequence[Sent], path: Path) -> None:
+        with self.lock:
+            self.sent[path] += len(sent)
+            for one in sent:
+                if one.latency_s is not None:
+                    self.commit_to_ack.observe(one.latency_s)
+
+    def retried(self, failed: Sequence[Failed], path: Path) -> None:
+        with self.lock:
+            self.retries[path] += len(failed)
+
+    def rejected(self, failed: Sequence[Failed]) -> None:
+        with self.lock:
+            self.left["rejected"] += len(failed)
+
+    def left_for_sweeper(self, msg_ids: Sequence[str], reason: Reason) -> None:
+        with self.lock:
+            self.left[reason] += len(msg_ids)
+
+    def dead(self, failed: Sequence[Failed]) -> None:
+        with self.lock:
+            self.dead_rows += len(failed)
+
+    def swept(self, result: SweepResult, seconds: float) -> None:
+        with self.lock:
+            self.swept_rows += result.claimed
+            self.batch_sizes.observe(result.claimed)
+            self.batch_seconds.observe(seconds)
 
 
 class OutboxCollector(Collector):
-    def __init__(self, parts: Parts) -> None:
-        self.parts = parts
+    """Families for the parts running now: the fast path's only while it runs."""
 
-    def collect(self) -> Iterator[Metric]:
+    def __init__(self, parts: Parts, counts: RelayCounts) -> None:
+        self.parts = parts
+        self.counts = counts
+
+    def collect(self) -> list[Metric]:
         dispatcher, jobs = self.parts()
+        with self.counts.lock:  # one consistent view of the counters
+            families = [*self.totals(dispatcher is not None, jobs is not None)]
+            if dispatcher is not None:
+                families += fast_path_metrics(self.counts, dispatcher)
+            if jobs is not None:
+                families += sweeper_metrics(self.counts)
+        return families
+
+    def totals(self, fast: bool, sweeper: bool) -> list[Metric]:
         sent = CounterMetricFamily(
             "outbox_messages_sent", "Messages the broker acknowledged", labels=["path"]
         )
         retried = CounterMetricFamily(
             "outbox_messages_retried", "Failed attempts scheduled again", labels=["path"]
         )
-        if dispatcher is not None:
-            yield from fast_path_metrics(dispatcher, sent, retried)
-        if jobs is not None:
-            yield from sweeper_metrics(jobs, sent, retried)
-        yield sent
-        yield retried
+        paths = [path for path, running in (("fast", fast), ("sweeper", sweeper)) if running]
+        for path in paths:
+            sent.add_metric([path], self.counts.sent[path])
+            retried.add_metric([path], self.counts.retries[path])
+        return [sent, retried]
 
 
-def fast_path_metrics(
-    dispatcher: Dispatcher, sent: CounterMetricFamily, retried: CounterMetricFamily
-) -> Iterator[Metric]:
-    stats = dispatcher.stats
-    sent.add_metric(["fast"], stats.published)
-    retried.add_metric(["fast"], stats.retried)
+def fast_path_metrics(counts: RelayCounts, dispatcher: Dispatcher) -> list[Metric]:
     left = CounterMetricFamily(
         "outbox_messages_left_for_sweeper",
         "Messages the fast path gave up on; the sweeper publishes them",
         labels=["reason"],
     )
-    for reason in ("queue_full", "exhausted", "too_old", "rejected", "mark_failed"):
-        left.add_metric([reason], getattr(stats, reason))
+    for reason, count in counts.left.items():
+        left.add_metric([reason], count)
     queue, wheel = dispatcher.depths()
-    yield left
-    yield GaugeMetricFamily("outbox_queue_depth", "Messages waiting in msgQueue", value=queue)
-    yield GaugeMetricFamily("outbox_timewheel_size", "Messages waiting to retry", value=wheel)
-    yield histogram(
-        "outbox_commit_to_ack_seconds", "From COMMIT to the broker's ack", stats.commit_to_ack
-    )
+    return [
+        left,
+        GaugeMetricFamily("outbox_queue_depth", "Messages waiting in msgQueue", value=queue),
+        GaugeMetricFamily("outbox_timewheel_size", "Messages waiting to retry", value=wheel),
+        histogram(
+            "outbox_commit_to_ack_seconds", "From COMMIT to the broker's ack", counts.commit_to_ack
+        ),
+    ]
 
 
-def sweeper_metrics(
-    jobs: RelayJobs, sent: CounterMetricFamily, retried: CounterMetricFamily
-) -> Iterator[Metric]:
-    sweeper = jobs.sweeper
-    totals = sweeper.totals
-    sent.add_metric(["sweeper"], totals.sent)
-    retried.add_metric(["sweeper"], totals.failed)
-    yield CounterMetricFamily(
-        "outbox_messages_swept", "Rows claimed by the sweeper", value=totals.claimed
-    )
-    yield CounterMetricFamily(
-        "outbox_messages_dead", "Rows the sweeper gave up on (dead)", value=totals.dead
-    )
-    yield histogram("outbox_sweep_batch_size", "Rows claimed per batch", sweeper.batch_sizes)
-    yield histogram(
-        "outbox_sweep_duration_seconds", "One batch: claim to commit", sweeper.batch_seconds
-    )
+def sweeper_metrics(counts: RelayCounts) -> list[Metric]:
+    return [
+        CounterMetricFamily(
+            "outbox_messages_swept", "Rows claimed by the sweeper", value=counts.swept_rows
+        ),
+        CounterMetricFamily(
+            "outbox_messages_dead", "Rows the sweeper gave up on (dead)", value=counts.dead_rows
+        ),
+        histogram("outbox_sweep_batch_size", "Rows claimed per batch", counts.batch_sizes),
+        histogram(
+            "outbox_sweep_duration_seconds", "One batch: claim to commit", counts.batch_seconds
+        ),
+    ]
 
 
 def histogram(name: str, documentation: str, source: Histogram) -> HistogramMetricFamily:
@@ -108,14 +161,27 @@ def histogram(name: str, documentation: str, source: Histogram) -> HistogramMetr
 
 def register(ob: Outbox, registry: CollectorRegistry = REGISTRY) -> OutboxCollector:
     """Expose ``ob``'s relay in ``registry`` (it follows ob.start()/stop())."""
-    collector = OutboxCollector(ob.relay_parts)
+    counts = RelayCounts()
+    ob.add_listener(counts)
+    collector = OutboxCollector(ob.relay_parts, counts)
     registry.register(collector)
     return collector
 
 
 def serve(parts: Parts, port: int, addr: str = "0.0.0.0") -> Any:
-    """Serve /metrics for a worker on ``port``; returns the server (it runs in a thread)."""
+    """Serve /metrics for a worker on ``port``; returns the server (it runs in a thread).
+
+    Counts what the parts built by now do from now on: call it before they start work.
+    """
     registry = CollectorRegistry()
-    registry.register(OutboxCollector(parts))
+    registry.register(OutboxCollector(parts, listening_to(parts)))
     server, _ = start_http_server(port, addr=addr, registry=registry)
     return server
+
+
+def listening_to(parts: Parts) -> RelayCounts:
+    counts = RelayCounts()
+    for part in parts():
+        if part is not None:
+            part.listeners.add(counts)  # once: an outbox's parts share one Listeners
+    return counts

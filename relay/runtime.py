@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from relay.acks import sql_finisher, sql_verifier
 from relay.brokers import Broker, broker_for
 from relay.dispatcher import Dispatcher
+from relay.listener import Listeners
 from relay.loop import BrokerLoop
 from relay.worker import RelayJobs
 
@@ -25,6 +26,7 @@ def start_relay(
         assert outbox.broker_url is not None, "Outbox.start() checks the URL first"
         broker = broker_for(outbox.broker_url)
     settings = outbox.settings
+    hooks = Listeners(*outbox.listeners)  # one set, shared by the fast path and the sweeper
     relay = BrokerLoop(broker)
     relay.start()
     dispatcher = Dispatcher(
@@ -32,9 +34,10 @@ def start_relay(
         sql_finisher(outbox.engine, settings.mark_mode),
         settings,
         verify=sql_verifier(outbox.engine) if settings.verify_commit else None,
+        listener=hooks,
     )
     dispatcher.start()
-    jobs = RelayJobs(outbox.engine, relay, settings) if outbox.sweeper else None
+    jobs = RelayJobs(outbox.engine, relay, settings, listener=hooks) if outbox.sweeper else None
     if jobs is not None:
         jobs.start()
     return relay, dispatcher, jobs

@@ -1,4 +1,7 @@
-"""Counters of the relay, kept as plain integers (one writer: the relay loop)."""
+"""Counters of the relay, kept as plain integers (one writer: the relay loop).
+
+Prometheus metrics count through a listener (relay.listener), not from these.
+"""
 
 from __future__ import annotations
 
@@ -51,7 +54,6 @@ class Stats:
     marked: int = 0  # rows marked sent (or deleted) after an ack
     mark_statements: int = 0  # statements that did it: one per batch, more only on retries
     mark_failed: int = 0  # acked but not marked: the sweeper will publish them again
-    latencies: collections.deque[float] = field(
+    latencies: collections.deque[float] = field(  # commit to ack, the latest ones
         default_factory=lambda: collections.deque(maxlen=100_000)
     )
-    commit_to_ack: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))

@@ -5,6 +5,7 @@ are due, oldest first, locked with SKIP LOCKED so that any number of sweepers, i
 apps and in ``outbox relay`` workers, share the work without a coordinator. A row
 that fails is retried later with exponential backoff and jitter, and is marked
 ``dead`` after ``max_attempts``; a failing row never holds back the rows beside it.
+Listeners (relay.listener) hear each batch's outcomes once it is committed.
 
 Delivery is at least once: if the process dies between publishing and committing
 the marks, the rows stay pending and are published again (JetStream drops the copy
@@ -19,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -38,8 +39,8 @@ from relay.brokers.base import (
     permanent,
     publish_isolated,
 )
+from relay.listener import Failed, Listeners, RelayListener, Sent
 from relay.loop import BrokerLoop
-from relay.stats import BATCH_SIZE_BUCKETS, SWEEP_BUCKETS_S, Histogram
 
 log = logging.getLogger("relay.sweeper")
 
@@ -61,14 +62,41 @@ class SweepResult:
         return self
 
 
+@dataclass
+class Recorded:
+    """What one batch's transaction wrote, told to the listeners after it commits."""
+
+    sent: list[Sent] = field(default_factory=list)
+    retried: list[Failed] = field(default_factory=list)
+    dead: list[Failed] = field(default_factory=list)
+
+    def result(self) -> SweepResult:
+        claimed = len(self.sent) + len(self.retried) + len(self.dead)
+        return SweepResult(claimed, len(self.sent), len(self.retried), len(self.dead))
+
+    def tell(self, listeners: Listeners, seconds: float) -> None:
+        if self.sent:
+            listeners.published(self.sent, "sweeper")
+        if self.retried:
+            listeners.retried(self.retried, "sweeper")
+        if self.dead:
+            listeners.dead(self.dead)
+        listeners.swept(self.result(), seconds)
+
+
 class Sweeper:
-    def __init__(self, engine: Engine, relay: BrokerLoop, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        relay: BrokerLoop,
+        settings: Settings | None = None,
+        listener: RelayListener | None = None,
+    ) -> None:
         self.engine = engine
         self.relay = relay
         self.settings = settings or Settings()
+        self.listeners = Listeners.of(listener)
         self.totals = SweepResult()
-        self.batch_sizes = Histogram(BATCH_SIZE_BUCKETS)  # rows claimed per batch
-        self.batch_seconds = Histogram(SWEEP_BUCKETS_S)  # claim to commit of a batch
         self._totals_lock = threading.Lock()
         self._stopping = threading.Event()
 
@@ -103,18 +131,18 @@ class Sweeper:
                 results = self._publish([checked_message(r, big.get(r.id)) for r in rows])
                 if results is None:
                     raise _BrokerUnreachable
-                result = self._record(conn, rows, results)
+                recorded = self._record(conn, rows, results)
         except _BrokerUnreachable:
             log.warning("sweep: broker unreachable, batch of %d left as it was", len(rows))
             return SweepResult(claimed=len(rows), aborted=True)
+        result = recorded.result()
         log.info(
             "sweep: claimed=%d sent=%d retry_later=%d dead=%d",
             result.claimed, result.sent, result.failed, result.dead,
         )  # fmt: skip
         with self._totals_lock:
             self.totals += result
-            self.batch_sizes.observe(result.claimed)
-            self.batch_seconds.observe(time.monotonic() - started)
+        recorded.tell(self.listeners, time.monotonic() - started)
         return result
 
     def sweep(
@@ -190,28 +218,35 @@ class Sweeper:
 
     def _record(
         self, conn: Connection, rows: Sequence[Row[Any]], results: list[PublishResult]
-    ) -> SweepResult:
-        pairs = list(zip(rows, results, strict=True))
-        acks = [(str(row.msg_id), r.receipt or "") for row, r in pairs if r.ok]
-        failures = [self._failure(row, r) for row, r in pairs if not r.ok]
-        if acks:
+    ) -> Recorded:
+        recorded = Recorded()
+        failures: list[dict[str, Any]] = []
+        for row, result in zip(rows, results, strict=True):
+            msg_id = str(row.msg_id)
+            if result.ok:
+                recorded.sent.append(Sent(msg_id, row.topic, result.receipt or ""))
+                continue
+            error = f"{result.outcome.value}: {result.error}"[:2000]
+            failed = Failed(msg_id, row.topic, row.attempts + 1, error)
+            dead = failed.attempt >= self.settings.max_attempts
+            (recorded.dead if dead else recorded.retried).append(failed)
+            failures.append(self._failure(row.id, failed, dead))
+        if recorded.sent:
+            acks = [(sent.msg_id, sent.receipt) for sent in recorded.sent]
             store.finish(conn, acks, self.settings.mark_mode)
         if failures:
             now = store.db_clock(conn)  # after the publish: backoff counts from the failure
             for failure in failures:
                 failure["next_at"] = now + timedelta(seconds=failure.pop("backoff_s"))
             conn.execute(store.record_failures_stmt(), failures)
-        dead = sum(1 for f in failures if f["new_status"] == DEAD)
-        return SweepResult(len(rows), len(acks), len(failures) - dead, dead)
+        return recorded
 
-    def _failure(self, row: Row[Any], result: PublishResult) -> dict[str, Any]:
-        attempts = row.attempts + 1
-        status = DEAD if attempts >= self.settings.max_attempts else PENDING
+    def _failure(self, row_id: int, failed: Failed, dead: bool) -> dict[str, Any]:
         return {
-            "row_id": row.id,
-            "error": f"{result.outcome.value}: {result.error}"[:2000],
-            "backoff_s": self.backoff(attempts),
-            "new_status": status,
+            "row_id": row_id,
+            "error": failed.error,
+            "backoff_s": self.backoff(failed.attempt),
+            "new_status": DEAD if dead else PENDING,
         }
 
     def backoff(self, attempts: int) -> float:

@@ -14,6 +14,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
 
 from outbox.config import Settings
+from relay.listener import RelayListener
 from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper
 
@@ -30,8 +31,10 @@ class RelayJobs:
         settings: Settings,
         concurrency: int = 1,
         retention: bool = True,
+        listener: RelayListener | None = None,
     ) -> None:
-        self.sweeper = Sweeper(engine, relay, settings)
+        self.sweeper = Sweeper(engine, relay, settings, listener)
+        self.listeners = self.sweeper.listeners
         self.settings = settings
         self.concurrency = concurrency
         self.retention = retention
