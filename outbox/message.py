@@ -301,14 +301,19 @@ def encoded_size(message: Message) -> int:
     return len(message.payload) + header_size(sent_headers(message))
 
 
-def sent_headers(message: Message) -> dict[str, str]:
+def carried_headers(message: Message) -> dict[str, str]:
+    """The app's headers plus the key and tags, as every broker adapter carries them."""
     headers = dict(message.headers)
     if message.key is not None:
         headers[KEY_HEADER] = message.key
     if message.tags is not None:
         headers[TAGS_HEADER] = message.tags
-    headers[DEDUP_HEADER] = message.msg_id
     return headers
+
+
+def sent_headers(message: Message) -> dict[str, str]:
+    """What the NATS adapter sends: the carried headers and the dedup id."""
+    return {**carried_headers(message), DEDUP_HEADER: message.msg_id}
 
 
 def header_size(headers: Mapping[str, str]) -> int:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 from outbox.config import mask_url
 from outbox.errors import OutboxError
-from outbox.message import KEY_HEADER, TAGS_HEADER, Message
+from outbox.message import Message
 
 NOT_CONNECTED = "not connected"  # every adapter's error while it has no connection
 # Exceptions that say the connection, not the message, failed.
@@ -81,16 +81,6 @@ class Broker(abc.ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def relay_headers(message: Message) -> dict[str, str]:
-    """The app's headers plus the key and tags, as every adapter carries them."""
-    headers = dict(message.headers)
-    if message.key is not None:
-        headers[KEY_HEADER] = message.key
-    if message.tags is not None:
-        headers[TAGS_HEADER] = message.tags
-    return headers
 
 
 def unexpected(exc: BaseException) -> PublishResult:

@@ -40,7 +40,7 @@ import aio_pika
 import aio_pika.exceptions as amqp_errors
 
 from outbox.errors import ConfigError, OutboxError
-from outbox.message import Message
+from outbox.message import Message, carried_headers
 from relay.brokers.base import (
     LOG_CHUNK,
     NOT_CONNECTED,
@@ -50,7 +50,6 @@ from relay.brokers.base import (
     PublishResult,
     ok,
     permanent,
-    relay_headers,
     retry,
     unexpected,
     unreachable,
@@ -130,7 +129,7 @@ class RabbitBroker(Broker):
 
     @staticmethod
     def _amqp_message(message: Message) -> aio_pika.Message:
-        headers = relay_headers(message)
+        headers = carried_headers(message)
         return aio_pika.Message(
             message.payload,
             message_id=message.msg_id,

@@ -28,7 +28,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from outbox.errors import ConfigError
-from outbox.message import Message
+from outbox.message import Message, carried_headers
 from relay.brokers.base import (
     LOG_CHUNK,
     NOT_CONNECTED,
@@ -38,7 +38,6 @@ from relay.brokers.base import (
     PublishResult,
     ok,
     permanent,
-    relay_headers,
     retry,
     unexpected,
     unreachable,
@@ -112,7 +111,7 @@ def fields(message: Message) -> dict[str | bytes, str | bytes]:
     own message, not the pipeline (redis-py encodes when the pipeline is sent)."""
     if not isinstance(message.payload, bytes):
         raise TypeError(f"payload must be bytes, got {type(message.payload).__name__}")
-    headers = relay_headers(message)
+    headers = carried_headers(message)
     for text in (*headers, *headers.values()):
         text.encode()  # JSON would escape a lone surrogate that NATS and AMQP cannot carry
     return {

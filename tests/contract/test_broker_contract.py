@@ -21,9 +21,9 @@ import aio_pika
 import pytest
 import redis
 
-from outbox.message import Message, build_message
+from outbox.message import Message, build_message, carried_headers
 from relay.brokers import broker_for
-from relay.brokers.base import Broker, Outcome, permanent, relay_headers
+from relay.brokers.base import Broker, Outcome, permanent
 from relay.brokers.nats import read_stream
 from relay.brokers.redis import xrange_pages
 from relay.testing.embedded import NatsServer
@@ -160,7 +160,7 @@ def memory_harness(prefix: str) -> Harness:
             {
                 "msg_id": m.msg_id,
                 "receipt": str(i + 1),
-                "headers": relay_headers(m),
+                "headers": carried_headers(m),
                 "payload": m.payload,
             }
             for i, m in enumerate(broker.published)
