@@ -102,16 +102,26 @@ FLAVOURS = {
 @pytest.fixture(params=list(FLAVOURS))
 def flavour(request: pytest.FixtureRequest) -> Iterator[Flavour]:
     """A migrated database and an Outbox on it, used the way a sync or an async app does."""
-    fixture, given = FLAVOURS[request.param]
+    yield from make_flavour(request, request.param)
+
+
+@pytest.fixture(params=[name for name, (_, given) in FLAVOURS.items() if given])
+def async_flavour(request: pytest.FixtureRequest) -> Iterator[Flavour]:
+    """The async flavours alone, for what only async apps do (tasks, gather)."""
+    yield from make_flavour(request, request.param)
+
+
+def make_flavour(request: pytest.FixtureRequest, name: str) -> Iterator[Flavour]:
+    fixture, given = FLAVOURS[name]
     url = make_url(str(request.getfixturevalue(fixture)))
     engine = create_engine(url)
     migrate.upgrade(engine)
     db: str | Engine | AsyncEngine = engine
     if given is not None:
-        async_db = url.set(drivername=ASYNC_DRIVERS[request.param])
+        async_db = url.set(drivername=ASYNC_DRIVERS[name])
         db = async_db.render_as_string(hide_password=False)
         db = create_async_engine(async_db) if given == "engine" else db
     ob = Outbox(db, max_payload_bytes=1000)
-    yield Flavour(request.param, ob, engine, is_async=given is not None)
+    yield Flavour(name, ob, engine, is_async=given is not None)
     ob.stop()
     engine.dispose()

@@ -30,7 +30,6 @@ ASYNC_DRIVERS = {
     "asyncpg": "postgresql+asyncpg",
     "aiosqlite": "sqlite+aiosqlite",
     "asyncmy": "mysql+asyncmy",
-    "aiomysql": "mysql+aiomysql",
 }
 
 
