@@ -2,26 +2,43 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 
-from sqlalchemy import Connection, Engine, insert
+from sqlalchemy import Connection, Engine, insert, make_url
 from sqlalchemy.exc import UnboundExecutionError
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_scoped_session,
+    async_sessionmaker,
+)
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from outbox import tracing
-from outbox.config import Settings, check_broker_url, engine_from, mask_url, url_of
+from outbox.config import (
+    Settings,
+    async_engine_from,
+    check_broker_url,
+    engine_from,
+    is_async_url,
+    mask_url,
+    same_database,
+    sync_url,
+    url_of,
+)
 from outbox.errors import ConfigError, WrongDatabase
 from outbox.message import Message, build_message
 from outbox.table import outbox_message
-from outbox.tracking import remember
+from outbox.tracking import remember, stage
 
 if TYPE_CHECKING:  # types only: the relay itself is imported by start()
     from relay.dispatcher import Dispatcher
@@ -33,6 +50,8 @@ if TYPE_CHECKING:  # types only: the relay itself is imported by start()
 INSERT_MESSAGE = insert(outbox_message)
 P = ParamSpec("P")
 R = TypeVar("R")
+AnySession = Session | scoped_session[Session] | AsyncSession | async_scoped_session[AsyncSession]
+AnyFactory = sessionmaker[Session] | async_sessionmaker[AsyncSession]
 
 log = logging.getLogger("outbox")
 
@@ -45,7 +64,10 @@ class Outbox:
     back is never published. A crash between publishing and marking the row sent
     publishes it again; consumers deduplicate by ``msg_id``.
 
-    ``db`` is a SQLAlchemy URL or the app's own Engine. ``broker`` is a broker URL
+    ``db`` is a SQLAlchemy URL or the app's own Engine or AsyncEngine: one Outbox serves
+    sync Sessions and AsyncSessions alike. The relay always works through a sync engine
+    on its own threads (an async driver's sync counterpart: asyncpg -> psycopg,
+    aiosqlite -> pysqlite, asyncmy/aiomysql -> PyMySQL). ``broker`` is a broker URL
     (``nats://``, ``amqp://``, ``redis://``), or None when another process relays.
     ``sweeper``: also run the sweeper in this process once started (default True).
     ``listener``: a ``relay.listener.RelayListener`` whose hooks hear what the relay
@@ -55,10 +77,10 @@ class Outbox:
 
     def __init__(
         self,
-        db: str | Engine,
+        db: str | Engine | AsyncEngine,
         broker: str | None = None,
         *,
-        session_factory: sessionmaker[Session] | None = None,
+        session_factory: AnyFactory | None = None,
         sweeper: bool = True,
         listener: RelayListener | None = None,
         **options: Any,
@@ -66,9 +88,27 @@ class Outbox:
         self.settings = Settings.from_options(options)
         self.broker_url = check_broker_url(broker)
         self._owns_engine = not isinstance(db, Engine)
-        self.engine = engine_from(db, self.settings.connect_timeout_s)
-        self.session_factory = session_factory or sessionmaker(self.engine)
+        timeout = self.settings.connect_timeout_s
+        self._async_engine: AsyncEngine | None = None
+        self._owns_async_engine = True
+        if isinstance(db, AsyncEngine) or (isinstance(db, str) and is_async_url(db)):
+            self._async_engine = async_engine_from(db, timeout)
+            self._owns_async_engine = not isinstance(db, AsyncEngine)
+            # Its own sync engine: an async engine's sync_engine cannot run on another thread.
+            source = db if isinstance(db, str) else self._async_engine.url  # keeps its options
+            self.engine = engine_from(sync_url(make_url(source)), timeout)
+        else:
+            self.engine = engine_from(db, timeout)
+        self.session_factory: sessionmaker[Session] = sessionmaker(self.engine)
+        self._async_factory: async_sessionmaker[AsyncSession] | None = None
+        if isinstance(session_factory, async_sessionmaker):
+            self._async_factory = session_factory
+        elif session_factory is not None:
+            self.session_factory = session_factory
         self._current: ContextVar[Session | None] = ContextVar("outbox_session", default=None)
+        self._current_async: ContextVar[tuple[AsyncSession, object] | None] = ContextVar(
+            "outbox_async_session", default=None
+        )
         self.sweeper = sweeper
         self._dispatcher: Dispatcher | None = None
         self._jobs: RelayJobs | None = None
@@ -85,9 +125,22 @@ class Outbox:
         broker = None if self.broker_url is None else mask_url(self.broker_url)
         return f"Outbox(db={db!r}, broker={broker!r})"
 
+    @property
+    def async_engine(self) -> AsyncEngine:
+        """The AsyncEngine async handlers' sessions use: the app's, or one made on first use."""
+        if self._async_engine is None:
+            self._async_engine = async_engine_from(self.engine.url, self.settings.connect_timeout_s)
+        return self._async_engine
+
+    @property
+    def async_session_factory(self) -> async_sessionmaker[AsyncSession]:
+        if self._async_factory is None:
+            self._async_factory = async_sessionmaker(self.async_engine)
+        return self._async_factory
+
     def send(
         self,
-        session: Session | scoped_session[Session],
+        session: AnySession,
         topic: str,
         payload: object,
         *,
@@ -101,8 +154,13 @@ class Outbox:
         ``outbox.errors.InvalidMessage`` leaves the transaction as it was. The message
         is published only after the transaction commits; a rollback (of it, or of the
         savepoint it was sent in) discards it.
+
+        With an AsyncSession, send() is not awaited: like ``session.add()`` it stages the
+        message, and the row is written by one INSERT (for all of the transaction's
+        messages) inside the transaction, just before its COMMIT.
         """
-        session = self._check_session(session)
+        staged = isinstance(session, AsyncSession | async_scoped_session)
+        checked = self._check_session(session)
         message = build_message(
             topic,
             payload,
@@ -111,24 +169,58 @@ class Outbox:
             headers=with_trace_context(headers),
             max_payload_bytes=self.settings.max_payload_bytes,
         )
-        session.execute(INSERT_MESSAGE, row_values(message))
-        remember(session, message, self._on_commit)
+        if staged:
+            stage(checked, message, row_values(message), self._on_commit)
+        else:
+            checked.execute(INSERT_MESSAGE, row_values(message))
+            remember(checked, message, self._on_commit)
         return message.msg_id
 
-    def transactional(self, fn: Callable[Concatenate[Session, P], R]) -> Callable[P, R]:
+    @overload
+    def transactional(
+        self, fn: Callable[Concatenate[AsyncSession, P], Coroutine[Any, Any, R]]
+    ) -> Callable[P, Coroutine[Any, Any, R]]: ...
+
+    @overload
+    def transactional(self, fn: Callable[Concatenate[Session, P], R]) -> Callable[P, R]: ...
+
+    def transactional(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Run ``fn(session, ...)`` in a new transaction: commit on return, roll back on error.
 
-        A decorated call made while another one is running in the same thread (or
-        asyncio task) joins the outer transaction instead of opening its own.
+        ``async def`` handlers get a new AsyncSession, sync ones a Session. A decorated
+        call made while another one is running in the same thread (sync) or asyncio
+        task (async) joins the outer transaction instead of opening its own; tasks the
+        handler starts get their own, as an AsyncSession must not be shared by tasks.
         """
-        if inspect.iscoroutinefunction(fn):
-            raise ConfigError("transactional: async functions are not supported; use a sync one")
         if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
             # Its body would run after the transaction closed: nothing it sends would commit.
             raise ConfigError(
                 "transactional: generator functions are not supported; return a value instead"
             )
+        if inspect.iscoroutinefunction(fn):
+            return self._async_transactional(fn)
+        return self._sync_transactional(fn)
 
+    def _async_transactional(
+        self, fn: Callable[Concatenate[AsyncSession, P], Coroutine[Any, Any, R]]
+    ) -> Callable[P, Coroutine[Any, Any, R]]:
+        @functools.wraps(fn)
+        async def run_in_transaction(*args: P.args, **kwargs: P.kwargs) -> R:
+            task = asyncio.current_task()
+            outer = self._current_async.get()
+            if outer is not None and outer[1] is task:
+                return await fn(outer[0], *args, **kwargs)
+            async with self.async_session_factory() as session:
+                token = self._current_async.set((session, task))
+                try:
+                    async with session.begin():
+                        return await fn(session, *args, **kwargs)
+                finally:
+                    self._current_async.reset(token)
+
+        return run_in_transaction
+
+    def _sync_transactional(self, fn: Callable[Concatenate[Session, P], R]) -> Callable[P, R]:
         @functools.wraps(fn)
         def run_in_transaction(*args: P.args, **kwargs: P.kwargs) -> R:
             outer = self._current.get()
@@ -204,6 +296,12 @@ class Outbox:
         if self._owns_engine:
             self.engine.dispose()
 
+    async def stop_async(self, timeout: float = 5.0) -> None:
+        """``stop()`` off the event loop, then the pooled async connections the outbox made."""
+        await asyncio.to_thread(self.stop, timeout)
+        if self._async_engine is not None and self._owns_async_engine:
+            await self._async_engine.dispose()
+
     def _on_commit(self, messages: list[Message], certain: bool) -> None:
         dispatcher = self._dispatcher
         taken = dispatcher.submit(messages, check=not certain) if dispatcher is not None else 0
@@ -211,12 +309,16 @@ class Outbox:
             self.committed += len(messages)
             self.handed_off += taken
 
-    def _check_session(self, session: Session | scoped_session[Session]) -> Session:
-        if isinstance(session, scoped_session):
+    def _check_session(self, session: AnySession) -> Session:
+        """The (underlying sync) Session, once it is known to write to this outbox's database."""
+        if isinstance(session, scoped_session | async_scoped_session):
             session = session()
+        if isinstance(session, AsyncSession):
+            session = session.sync_session
         if not isinstance(session, Session):
             raise ConfigError(
-                f"session: must be a sqlalchemy.orm.Session, got {type(session).__name__}"
+                "session: must be a sqlalchemy.orm.Session or AsyncSession, "
+                f"got {type(session).__name__}"
             )
         try:
             bind = session.get_bind(clause=outbox_message)
@@ -225,7 +327,11 @@ class Outbox:
                 "session: is bound to no database; create it with Session(engine)"
             ) from None
         engine = bind.engine if isinstance(bind, Connection) else bind
-        if engine is not self.engine and engine.url != self.engine.url:
+        if engine is self.engine or (
+            self._async_engine is not None and engine is self._async_engine.sync_engine
+        ):
+            return session
+        if not same_database(engine.url, self.engine.url):
             raise WrongDatabase(
                 f"session: bound to {url_of(engine)}, "
                 f"but this outbox writes to {url_of(self.engine)}"

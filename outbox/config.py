@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -13,6 +14,7 @@ from urllib.parse import unquote, urlsplit
 from sqlalchemy import URL, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from outbox.errors import ConfigError
 
@@ -194,7 +196,7 @@ def scrub(text: str, urls: Iterable[str | None]) -> str:
 
 
 def engine_from(
-    db: str | Engine,
+    db: str | URL | Engine,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
     read_timeout_s: float | None = None,
     **kw: Any,
@@ -207,10 +209,10 @@ def engine_from(
     """
     if isinstance(db, Engine):
         return db
-    if not isinstance(db, str) or not db:
+    if not isinstance(db, str | URL) or not db:
         raise ConfigError("db: must be a SQLAlchemy URL string or an Engine")
     try:
-        url = make_url(db)
+        url = sync_url(make_url(db))
         args = timeouts(url, connect_timeout_s, read_timeout_s)
         engine = create_engine(url, connect_args=args, **kw)
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
@@ -220,11 +222,90 @@ def engine_from(
     return engine
 
 
+# The sync driver the relay's threads use for a database an app reaches through an async one.
+SYNC_DRIVERS = {
+    "asyncpg": "psycopg",
+    "psycopg_async": "psycopg",
+    "aiosqlite": "pysqlite",
+    "asyncmy": "pymysql",
+    "aiomysql": "pymysql",
+}
+# And the async driver an async handler's sessions use for a database given by a sync URL.
+ASYNC_DRIVERS = {
+    "postgresql": "psycopg",
+    "sqlite": "aiosqlite",
+    "mysql": "asyncmy",
+    "mariadb": "asyncmy",
+}
+
+
+def is_async_url(db: str | URL) -> bool:
+    """Does ``db`` name an asyncio driver (asyncpg, aiosqlite, asyncmy, aiomysql)?"""
+    try:
+        return bool(make_url(db).get_dialect().is_async)
+    except (ArgumentError, NoSuchModuleError, ValueError, ImportError):
+        return False
+
+
+def sync_url(url: URL) -> URL:
+    """The same database through a sync driver (an async driver's sync counterpart)."""
+    driver = SYNC_DRIVERS.get(url.get_driver_name())
+    return url if driver is None else url.set(drivername=f"{url.get_backend_name()}+{driver}")
+
+
+def async_url(url: URL) -> URL:
+    """The same database through an asyncio driver (psycopg serves both)."""
+    if is_async_url(url):
+        return url
+    driver = ASYNC_DRIVERS.get(url.get_backend_name())
+    if driver is None:
+        raise ConfigError(f"db: no asyncio driver known for {mask_url(url)!r}")
+    return url.set(drivername=f"{url.get_backend_name()}+{driver}")
+
+
+def same_database(a: URL, b: URL) -> bool:
+    """Do ``a`` and ``b`` name one database, whatever driver each goes through?"""
+    if "asyncpg" in (a.get_driver_name(), b.get_driver_name()):
+        # asyncpg takes libpq's options as server_settings, outside the URL: not comparable.
+        a, b = a.difference_update_query(["options"]), b.difference_update_query(["options"])
+    return a.set(drivername=a.get_backend_name()) == b.set(drivername=b.get_backend_name())
+
+
+def async_engine_from(
+    db: str | URL | AsyncEngine, connect_timeout_s: float = CONNECT_TIMEOUT_S, **kw: Any
+) -> AsyncEngine:
+    """An AsyncEngine for a database URL (a sync one gets its async driver), or the app's own."""
+    if isinstance(db, AsyncEngine):
+        return db
+    try:
+        url = async_url(make_url(db))
+        args = timeouts(url, connect_timeout_s, None)
+        if url.get_driver_name() == "asyncpg" and "options" in url.query:
+            args["server_settings"] = server_settings(str(url.query["options"]))
+            url = url.difference_update_query(["options"])
+        return create_async_engine(url, connect_args=args, **kw)
+    except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as exc:
+        raise ConfigError(f"db: cannot use {mask_url(db)!r}: {exc}") from None
+
+
+def server_settings(options: str) -> dict[str, str]:
+    """libpq's ``options`` (``-c name=value`` ...) as asyncpg's server_settings."""
+    words = shlex.split(options)
+    settings = [w[2:] if w.startswith("-c") and len(w) > 2 else w for w in words if w != "-c"]
+    if any("=" not in s for s in settings):
+        raise ValueError(f"options: only -c name=value settings are supported, got {options!r}")
+    return dict(s.split("=", 1) for s in settings)
+
+
 def timeouts(url: URL, connect_s: float, read_s: float | None) -> dict[str, Any]:
     """The driver's own connect (and read) timeout arguments for ``url``'s backend."""
     backend = url.get_backend_name()
     args: dict[str, Any] = {}
-    if backend == "postgresql":  # libpq: whole seconds, at least 2
+    if url.get_driver_name() == "asyncpg":  # seconds, a float; no statement timeout here
+        args["timeout"] = connect_s
+    elif url.get_driver_name() in ("asyncmy", "aiomysql"):  # no read timeout to set
+        args["connect_timeout"] = connect_s
+    elif backend == "postgresql":  # libpq: whole seconds, at least 2
         args["connect_timeout"] = max(2, math.ceil(connect_s))
     elif backend in ("mysql", "mariadb"):  # PyMySQL reads the server's greeting with read_timeout
         args = {"connect_timeout": connect_s, "read_timeout": connect_s}

@@ -4,6 +4,10 @@ Nothing reaches the relay before COMMIT: a message is attached to the (nested)
 transaction it was written in, dropped if that savepoint or the whole transaction
 rolls back, and handed on only when the outermost transaction commits.
 
+Messages sent through an AsyncSession cannot be written by send() (it is not
+awaited): they are staged here the same way and written by one INSERT just before
+the outermost COMMIT, inside it, on the session's own connection.
+
 The listeners are registered once, on the Session class, and cost a dict lookup for
 sessions that never sent anything: registering them per session would cost more
 than the INSERT of the message itself.
@@ -14,8 +18,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, event, insert
 from sqlalchemy.orm import Session, SessionTransaction
 
 from outbox.message import Message
@@ -27,6 +32,7 @@ log = logging.getLogger("outbox.tracking")
 OnCommit = Callable[[list[Message], bool], None]
 PENDING_KEY = "outbox.pending"
 OUTLOOK_KEY = "outbox.outlook"
+STAGED_KEY = "outbox.staged"
 CERTAIN, UNCERTAIN, DOOMED = "certain", "uncertain", "doomed"
 PG_TRANSACTION_INERROR = 3  # libpq PQTRANS_INERROR: the COMMIT will be a ROLLBACK
 
@@ -45,8 +51,26 @@ def remember(session: Session, message: Message, on_commit: OnCommit) -> None:
     pending.append((current, message, on_commit))
 
 
+def stage(session: Session, message: Message, row: dict[str, Any], on_commit: OnCommit) -> None:
+    """Write ``row`` just before the outermost COMMIT, unless its transaction rolls back."""
+    if session.get_transaction() is None:
+        session.begin()  # what the first statement would do; send() runs no statement now
+    remember(session, message, on_commit)
+    current = session.get_nested_transaction() or session.get_transaction()
+    staged: list[tuple[SessionTransaction | None, dict[str, Any]]]
+    staged = session.info.setdefault(STAGED_KEY, [])
+    staged.append((current, row))
+
+
 def _before_commit(session: Session) -> None:
-    if session.info.get(PENDING_KEY) and session.get_nested_transaction() is None:
+    if session.get_nested_transaction() is not None:
+        return  # a savepoint is released: its messages are written with the outer COMMIT
+    staged = session.info.pop(STAGED_KEY, None)
+    if staged:
+        from outbox.table import outbox_message
+
+        session.execute(insert(outbox_message), [row for _, row in staged])
+    if session.info.get(PENDING_KEY):
         session.info[OUTLOOK_KEY] = commit_outlook(session)
 
 
@@ -94,15 +118,17 @@ def _after_commit(session: Session) -> None:
 
 
 def _after_soft_rollback(session: Session, rolled_back: SessionTransaction) -> None:
-    pending = session.info.get(PENDING_KEY)
-    if pending:
-        pending[:] = [entry for entry in pending if not _within(entry[0], rolled_back)]
+    for key in (PENDING_KEY, STAGED_KEY):
+        entries = session.info.get(key)
+        if entries:
+            entries[:] = [entry for entry in entries if not _within(entry[0], rolled_back)]
 
 
 def _after_transaction_end(session: Session, ended: SessionTransaction) -> None:
     if ended.parent is None:
         session.info.pop(PENDING_KEY, None)  # closed without commit: nothing survives it
         session.info.pop(OUTLOOK_KEY, None)
+        session.info.pop(STAGED_KEY, None)
 
 
 def _within(trans: SessionTransaction | None, ancestor: SessionTransaction) -> bool:

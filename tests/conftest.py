@@ -11,12 +11,14 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from outbox import migrate
+from outbox import Outbox, migrate
 from relay.testing import scratch_schema
 from relay.testing.embedded import NatsServer
+from tests.flavours import ASYNC_DRIVERS, Flavour
 
 PG_URL = os.environ.get("OUTBOX_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 MARIADB_URL = os.environ.get("OUTBOX_TEST_MARIADB", "mysql+pymysql://root@127.0.0.1:3306/test")
@@ -83,3 +85,43 @@ def stream() -> tuple[str, str]:
     """A stream name and a topic prefix of this test's own."""
     tag = uuid.uuid4().hex[:10]
     return f"T_{tag}", f"t{tag}"
+
+
+# Sync apps on each database, and async apps on each async driver, given to the Outbox as
+# an AsyncEngine ("engine") or as an async URL ("url").
+FLAVOURS = {
+    "sync-postgresql": ("pg_url", None),
+    "sync-sqlite": ("sqlite_url", None),
+    "psycopg_async": ("pg_url", "engine"),
+    "asyncpg": ("pg_url", "url"),
+    "aiosqlite": ("sqlite_url", "url"),
+    "asyncmy": ("mariadb_url", "engine"),
+}
+
+
+@pytest.fixture(params=list(FLAVOURS))
+def flavour(request: pytest.FixtureRequest) -> Iterator[Flavour]:
+    """A migrated database and an Outbox on it, used the way a sync or an async app does."""
+    yield from make_flavour(request, request.param)
+
+
+@pytest.fixture(params=[name for name, (_, given) in FLAVOURS.items() if given])
+def async_flavour(request: pytest.FixtureRequest) -> Iterator[Flavour]:
+    """The async flavours alone, for what only async apps do (tasks, gather)."""
+    yield from make_flavour(request, request.param)
+
+
+def make_flavour(request: pytest.FixtureRequest, name: str) -> Iterator[Flavour]:
+    fixture, given = FLAVOURS[name]
+    url = make_url(str(request.getfixturevalue(fixture)))
+    engine = create_engine(url)
+    migrate.upgrade(engine)
+    db: str | Engine | AsyncEngine = engine
+    if given is not None:
+        async_db = url.set(drivername=ASYNC_DRIVERS[name])
+        db = async_db.render_as_string(hide_password=False)
+        db = create_async_engine(async_db) if given == "engine" else db
+    ob = Outbox(db, max_payload_bytes=1000)
+    yield Flavour(name, ob, engine, is_async=given is not None)
+    ob.stop()
+    engine.dispose()

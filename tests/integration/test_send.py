@@ -1,4 +1,9 @@
-"""send() and @transactional against real PostgreSQL and SQLite."""
+"""send() and @transactional against real databases, from sync and from async apps.
+
+Each shared case runs once per flavour (tests/flavours.py): a sync Session on
+PostgreSQL and SQLite, and an AsyncSession on psycopg async, asyncpg, aiosqlite and
+asyncmy (MariaDB).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,11 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
-from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, create_engine, func, select
+from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, outbox_message
@@ -22,6 +29,7 @@ from outbox.errors import (
     PayloadTooLarge,
     WrongDatabase,
 )
+from tests.flavours import Flavour, enter, maybe
 
 business = MetaData()
 inbound = Table(
@@ -49,18 +57,30 @@ def aware(value: datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)  # SQLite keeps UTC, naive
 
 
-def test_commit_writes_one_row_with_every_field(ob: Outbox, engine: Engine) -> None:
-    with Session(engine) as session, session.begin():
-        db_before = session.execute(select(func.current_timestamp())).scalar_one()
-        msg_id = ob.send(
-            session,
-            "warehouse.inbound",
-            {"sku": "A-1", "qty": 3},
-            key="A-1",
-            tags=["inbound", "eu"],
-            headers={"trace": "t-1"},
-        )
-    [row] = rows(engine)
+@pytest.fixture
+def case(flavour: Flavour) -> Flavour:
+    business.create_all(flavour.engine)
+    return flavour
+
+
+def test_commit_writes_one_row_with_every_field(case: Flavour) -> None:
+    ob = case.ob
+
+    async def commit() -> tuple[str, datetime]:
+        async with enter(case.session()) as session, enter(session.begin()):
+            now = await maybe(session.execute(select(func.current_timestamp())))
+            msg_id = ob.send(
+                session,
+                "warehouse.inbound",
+                {"sku": "A-1", "qty": 3},
+                key="A-1",
+                tags=["inbound", "eu"],
+                headers={"trace": "t-1"},
+            )
+            return msg_id, now.scalar_one()
+
+    msg_id, db_before = case.run(commit)
+    [row] = rows(case.engine)
     assert row["msg_id"] == uuid.UUID(msg_id) and uuid.UUID(msg_id).version == 7
     assert row["topic"] == "warehouse.inbound"
     assert row["key"] == "A-1"
@@ -79,86 +99,105 @@ def test_commit_writes_one_row_with_every_field(ob: Outbox, engine: Engine) -> N
     assert ob.committed == 1
 
 
-def test_rollback_leaves_nothing(ob: Outbox, engine: Engine) -> None:
-    with Session(engine) as session:
-        ob.send(session, "warehouse.inbound", b"gone")
-        session.rollback()
-    assert rows(engine) == []
-    assert ob.committed == 0
+def test_rollback_leaves_nothing(case: Flavour) -> None:
+    async def roll_back() -> None:
+        async with enter(case.session()) as session:
+            case.ob.send(session, "warehouse.inbound", b"gone")
+            await maybe(session.rollback())
+
+    case.run(roll_back)
+    assert rows(case.engine) == []
+    assert case.ob.committed == 0
 
 
-def test_closing_without_commit_hands_nothing_to_a_later_commit(ob: Outbox, engine: Engine) -> None:
+def test_closing_without_commit_hands_nothing_to_a_later_commit(case: Flavour) -> None:
     """A bug here would publish a rolled-back message when the same session commits later."""
-    session = Session(engine)
-    ob.send(session, "warehouse.inbound", b"abandoned")
-    session.close()
-    with session.begin():
-        ob.send(session, "warehouse.inbound", b"kept")
-    session.close()
-    assert [r["payload"] for r in rows(engine)] == [b"kept"]
-    assert ob.committed == 1
+
+    async def abandon_then_commit() -> None:
+        session = case.session()
+        case.ob.send(session, "warehouse.inbound", b"abandoned")
+        await maybe(session.close())
+        async with enter(session.begin()):
+            case.ob.send(session, "warehouse.inbound", b"kept")
+        await maybe(session.close())
+
+    case.run(abandon_then_commit)
+    assert [r["payload"] for r in rows(case.engine)] == [b"kept"]
+    assert case.ob.committed == 1
 
 
-def test_savepoint_rollback_drops_only_its_messages(ob: Outbox, engine: Engine) -> None:
-    with Session(engine) as session, session.begin():
-        ob.send(session, "warehouse.inbound", b"outer")
-        with session.begin_nested():
-            ob.send(session, "warehouse.inbound", b"released")
-        savepoint = session.begin_nested()
-        ob.send(session, "warehouse.inbound", b"rolled-back")
-        savepoint.rollback()
-    assert sorted(r["payload"] for r in rows(engine)) == [b"outer", b"released"]  # type: ignore[type-var]
-    assert ob.committed == 2, "the rolled-back savepoint's message must not reach the relay"
+def test_savepoint_rollback_drops_only_its_messages(case: Flavour) -> None:
+    async def savepoints() -> None:
+        async with enter(case.session()) as session, enter(session.begin()):
+            case.ob.send(session, "warehouse.inbound", b"outer")
+            async with enter(session.begin_nested()):
+                case.ob.send(session, "warehouse.inbound", b"released")
+            savepoint = await maybe(session.begin_nested())
+            case.ob.send(session, "warehouse.inbound", b"rolled-back")
+            async with enter(session.begin_nested()):
+                case.ob.send(session, "warehouse.inbound", b"inside the rolled-back one")
+            await maybe(savepoint.rollback())
+
+    case.run(savepoints)
+    assert sorted(r["payload"] for r in rows(case.engine)) == [b"outer", b"released"]  # type: ignore[type-var]
+    assert case.ob.committed == 2, "the rolled-back savepoint's message must not reach the relay"
 
 
-def test_exception_in_decorated_handler_leaves_no_row(ob: Outbox, engine: Engine) -> None:
-    @ob.transactional
-    def receive(session: Session, sku: str) -> None:
-        session.execute(inbound.insert().values(sku=sku))
-        ob.send(session, "warehouse.inbound", {"sku": sku})
+def test_exception_in_decorated_handler_leaves_no_row(case: Flavour) -> None:
+    async def body(session: Any, sku: str) -> None:
+        await maybe(session.execute(inbound.insert().values(sku=sku)))
+        case.ob.send(session, "warehouse.inbound", {"sku": sku})
         raise RuntimeError("validation failed after send")
 
+    receive = case.transactional(body)
     with pytest.raises(RuntimeError, match="validation failed"):
-        receive("A-1")
-    assert count(engine, inbound) == 0
-    assert rows(engine) == []
-    assert ob.committed == 0
+        case.run(lambda: receive("A-1"))
+    assert count(case.engine, inbound) == 0
+    assert rows(case.engine) == []
+    assert case.ob.committed == 0
 
 
-def test_decorated_handler_commits_on_return(ob: Outbox, engine: Engine) -> None:
-    @ob.transactional
-    def receive(session: Session, sku: str) -> str:
-        session.execute(inbound.insert().values(sku=sku))
-        return ob.send(session, "warehouse.inbound", {"sku": sku})
+def test_decorated_handler_commits_on_return(case: Flavour) -> None:
+    async def body(session: Any, sku: str) -> str:
+        await maybe(session.execute(inbound.insert().values(sku=sku)))
+        return case.ob.send(session, "warehouse.inbound", {"sku": sku})
 
-    msg_id = receive("A-1")
-    assert count(engine, inbound) == 1
-    assert [str(r["msg_id"]) for r in rows(engine)] == [msg_id]
+    receive = case.transactional(body)
+    msg_id = case.run(lambda: receive("A-1"))
+    assert count(case.engine, inbound) == 1
+    assert [str(r["msg_id"]) for r in rows(case.engine)] == [msg_id]
 
 
-def test_nested_decorated_calls_are_one_transaction(ob: Outbox, engine: Engine) -> None:
-    sessions: list[Session] = []
+def test_nested_decorated_calls_are_one_transaction(case: Flavour) -> None:
+    sessions: list[object] = []
 
-    @ob.transactional
-    def inner(session: Session, sku: str) -> None:
+    async def inner_body(session: Any, sku: str) -> None:
         sessions.append(session)
-        session.execute(inbound.insert().values(sku=sku))
-        ob.send(session, "warehouse.inbound", sku)
+        await maybe(session.execute(inbound.insert().values(sku=sku)))
+        case.ob.send(session, "warehouse.inbound", sku)
 
-    @ob.transactional
-    def outer(session: Session, fail: bool) -> None:
+    inner = case.transactional(inner_body)
+
+    async def outer_body(session: Any, fail: bool) -> None:
         sessions.append(session)
-        inner("A-1")
-        inner("A-2")
+        await inner("A-1")
+        await inner("A-2")
         if fail:
             raise LookupError("outer fails after both inner calls returned")
 
-    with pytest.raises(LookupError):
-        outer(fail=True)
+    outer = case.transactional(outer_body)
+
+    async def fail_then_succeed() -> None:
+        with pytest.raises(LookupError):
+            await outer(True)
+        assert count(case.engine, inbound) == 0 and rows(case.engine) == []
+        await outer(False)
+
+    case.run(fail_then_succeed)
     assert sessions[0] is sessions[1] is sessions[2]
-    assert count(engine, inbound) == 0 and rows(engine) == []
-    outer(fail=False)
-    assert count(engine, inbound) == 2 and len(rows(engine)) == 2
+    assert sessions[3] is not sessions[0], "a new call after the first ended opens its own"
+    assert count(case.engine, inbound) == 2 and len(rows(case.engine)) == 2
+    assert case.ob.committed == 2
 
 
 def test_threads_send_unique_messages(ob: Outbox, engine: Engine) -> None:
@@ -210,37 +249,61 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize(("override", "error", "field"), BAD_INPUTS)
 def test_bad_input_keeps_transaction_usable(
-    ob: Outbox, engine: Engine, override: dict[str, object], error: type[InvalidMessage], field: str
+    case: Flavour, override: dict[str, object], error: type[InvalidMessage], field: str
 ) -> None:
     args: dict[str, object] = {"topic": "warehouse.inbound", "payload": b"ok"}
     args.update(override)
-    with Session(engine) as session, session.begin():
-        session.execute(inbound.insert().values(sku="A-1"))
-        with pytest.raises(error) as err:
-            ob.send(session, args.pop("topic"), args.pop("payload"), **args)  # type: ignore[arg-type]
-        assert err.value.field == field
-        ob.send(session, "warehouse.inbound", b"after the error")
-    assert count(engine, inbound) == 1
-    assert [r["payload"] for r in rows(engine)] == [b"after the error"]
+
+    async def bad_then_good() -> None:
+        async with enter(case.session()) as session, enter(session.begin()):
+            await maybe(session.execute(inbound.insert().values(sku="A-1")))
+            with pytest.raises(error) as err:
+                case.ob.send(session, args.pop("topic"), args.pop("payload"), **args)  # type: ignore[arg-type]
+            assert err.value.field == field
+            case.ob.send(session, "warehouse.inbound", b"after the error")
+
+    case.run(bad_then_good)
+    assert count(case.engine, inbound) == 1
+    assert [r["payload"] for r in rows(case.engine)] == [b"after the error"]
 
 
-def test_session_of_another_database_is_refused(
-    ob: Outbox, engine: Engine, tmp_path: object
-) -> None:
-    other = create_engine(f"sqlite:///{tmp_path}/other.sqlite")
-    with (
-        Session(other) as session,
-        session.begin(),
-        pytest.raises(WrongDatabase, match="session: bound to"),
-    ):
-        ob.send(session, "warehouse.inbound", b"x")
-    assert rows(engine) == []
+def test_session_of_another_database_is_refused(case: Flavour, tmp_path: object) -> None:
+    other = case.engine_for(f"sqlite:///{tmp_path}/other.sqlite")
+
+    async def send_elsewhere() -> None:
+        try:
+            async with enter(case.session(other)) as session, enter(session.begin()):
+                with pytest.raises(WrongDatabase, match="session: bound to"):
+                    case.ob.send(session, "warehouse.inbound", b"x")
+        finally:
+            await maybe(other.dispose())
+
+    case.run(send_elsewhere)
+    assert rows(case.engine) == []
 
 
-def test_session_bound_to_nothing_is_refused(ob: Outbox, engine: Engine) -> None:
-    with Session() as session, pytest.raises(ConfigError, match="session: is bound to no"):
-        ob.send(session, "warehouse.inbound", b"x")
-    assert rows(engine) == []
+def test_session_bound_to_nothing_is_refused(case: Flavour) -> None:
+    async def send_unbound() -> None:
+        unbound = AsyncSession() if case.is_async else Session()
+        async with enter(unbound) as session:
+            with pytest.raises(ConfigError, match="session: is bound to no"):
+                case.ob.send(session, "warehouse.inbound", b"x")
+
+    case.run(send_unbound)
+    assert rows(case.engine) == []
+
+
+def test_app_session_with_same_url_is_accepted(case: Flavour) -> None:
+    """The app's own Engine for the same database is fine: only the URL must match."""
+    app_engine = case.same_engine()
+
+    async def send_through_it() -> None:
+        async with enter(case.session(app_engine)) as session, enter(session.begin()):
+            case.ob.send(session, "warehouse.inbound", b"x")
+        await maybe(app_engine.dispose())
+
+    case.run(send_through_it)
+    assert len(rows(case.engine)) == 1
 
 
 def test_generator_functions_are_refused_at_decoration(ob: Outbox, engine: Engine) -> None:
@@ -256,12 +319,3 @@ def test_generator_functions_are_refused_at_decoration(ob: Outbox, engine: Engin
         with pytest.raises(ConfigError, match="generator functions are not supported"):
             ob.transactional(fn)  # type: ignore[arg-type]
     assert rows(engine) == []
-
-
-def test_app_session_with_same_url_is_accepted(ob: Outbox, engine: Engine) -> None:
-    """The app's own Engine for the same database is fine: only the URL must match."""
-    app_engine = create_engine(engine.url)
-    with Session(app_engine) as session, session.begin():
-        ob.send(session, "warehouse.inbound", b"x")
-    app_engine.dispose()
-    assert len(rows(engine)) == 1
