@@ -16,9 +16,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from outbox import Outbox, migrate
+from relay.loop import BrokerLoop
 from relay.testing import scratch_schema
 from relay.testing.embedded import NatsServer
 from tests.flavours import ASYNC_DRIVERS, Flavour
+from tests.helpers import migrated
 
 PG_URL = os.environ.get("OUTBOX_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 MARIADB_URL = os.environ.get("OUTBOX_TEST_MARIADB", "mysql+pymysql://root@127.0.0.1:3306/test")
@@ -67,10 +69,17 @@ def db_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def engine(db_url: str) -> Iterator[Engine]:
     """A migrated database of each kind."""
-    eng = create_engine(db_url)
-    migrate.upgrade(eng)
-    yield eng
-    eng.dispose()
+    with migrated(db_url) as eng:
+        yield eng
+
+
+@pytest.fixture
+def loops() -> Iterator[list[BrokerLoop]]:
+    """BrokerLoops a test started (tests.helpers.running), stopped after it."""
+    started: list[BrokerLoop] = []
+    yield started
+    for loop in started:
+        loop.stop()
 
 
 @pytest.fixture

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
+from sqlalchemy import Engine, create_engine
+
+from outbox import migrate
+from relay.brokers import Broker
 from relay.halfop.protocol import LocalTransactionState, TransactionListener, TransactionMessage
+from relay.loop import BrokerLoop
 
 
 def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
@@ -15,6 +21,25 @@ def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
         time.sleep(0.002)
+
+
+@contextmanager
+def migrated(url: str) -> Iterator[Engine]:
+    """An engine on ``url`` once the outbox's tables are there; disposed afterwards."""
+    migrate.upgrade(url)
+    eng = create_engine(url)
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+
+
+def running(broker: Broker, loops: list[BrokerLoop]) -> BrokerLoop:
+    """``broker`` on a started BrokerLoop, added to ``loops`` (the fixture stops them)."""
+    loop = BrokerLoop(broker)
+    loop.start()
+    loops.append(loop)
+    return loop
 
 
 class AlwaysCommits(TransactionListener):

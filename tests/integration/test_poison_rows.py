@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 
-from outbox import migrate
 from outbox.config import Settings
 from outbox.message import KEY_HEADER, TAGS_HEADER, Message, uuid7
 from outbox.table import DEAD, PENDING, SENT
@@ -28,7 +27,7 @@ from relay.brokers import broker_for
 from relay.dispatcher import Dispatcher
 from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper
-from tests.helpers import wait_until
+from tests.helpers import migrated, wait_until
 from tests.planting import plant, row_of
 from tests.targets import Carried, Target, target
 
@@ -40,10 +39,8 @@ QUICK = Settings(max_attempts=3, backoff_base_s=0.001, backoff_cap_s=0.002, swee
 
 @pytest.fixture
 def engine(pg_url: str) -> Iterator[Engine]:
-    migrate.upgrade(pg_url)
-    eng = create_engine(pg_url)
-    yield eng
-    eng.dispose()
+    with migrated(pg_url) as eng:
+        yield eng
 
 
 # Rows that break the send() contract, whatever the broker.

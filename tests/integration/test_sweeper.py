@@ -26,6 +26,7 @@ from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper
 from relay.testing.embedded import NatsServer
 from relay.testing.memory import MemoryBroker
+from tests.helpers import running
 
 t = outbox_message
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
@@ -38,21 +39,6 @@ def engine(pg_url: str) -> Iterator[Engine]:
     eng = create_engine(pg_url, pool_size=10)
     yield eng
     eng.dispose()
-
-
-@pytest.fixture
-def loops() -> Iterator[list[BrokerLoop]]:
-    started: list[BrokerLoop] = []
-    yield started
-    for loop in started:
-        loop.stop()
-
-
-def running(broker: Broker, loops: list[BrokerLoop]) -> BrokerLoop:
-    loop = BrokerLoop(broker)
-    loop.start()
-    loops.append(loop)
-    return loop
 
 
 def commit_messages(

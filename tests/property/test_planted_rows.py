@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 
-from outbox import migrate
 from outbox.config import Settings
 from outbox.message import KEY_HEADER, TAGS_HEADER
 from outbox.table import PENDING, SENT
 from relay.brokers import broker_for
 from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper
+from tests.helpers import migrated
 from tests.planting import plant, row_of
 from tests.targets import Carried, Target, target
 
@@ -85,10 +85,8 @@ def rows(draw: st.DrawFn, prefix: str) -> dict[str, Any]:
 
 @pytest.fixture
 def engine(pg_url: str) -> Iterator[Engine]:
-    migrate.upgrade(pg_url)
-    eng = create_engine(pg_url)
-    yield eng
-    eng.dispose()
+    with migrated(pg_url) as eng:
+        yield eng
 
 
 @pytest.fixture

@@ -12,9 +12,8 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 
-from outbox import migrate
 from outbox.config import Settings
 from outbox.table import DEAD, PENDING, SENT
 from relay import store
@@ -23,6 +22,7 @@ from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper, checked_message
 from relay.testing.faults import Fault, FaultyBroker
 from relay.testing.memory import MemoryBroker
+from tests.helpers import migrated, running
 from tests.planting import plant, row_of
 
 QUICK = Settings(max_attempts=3, backoff_base_s=0.001, backoff_cap_s=0.002, sweep_batch=50)
@@ -30,24 +30,12 @@ QUICK = Settings(max_attempts=3, backoff_base_s=0.001, backoff_cap_s=0.002, swee
 
 @pytest.fixture
 def engine(sqlite_url: str) -> Iterator[Engine]:
-    migrate.upgrade(sqlite_url)
-    eng = create_engine(sqlite_url)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture
-def relay_of() -> Iterator[list[BrokerLoop]]:
-    started: list[BrokerLoop] = []
-    yield started
-    for loop in started:
-        loop.stop()
+    with migrated(sqlite_url) as eng:
+        yield eng
 
 
 def sweeper_for(broker: FaultyBroker, engine: Engine, loops: list[BrokerLoop]) -> Sweeper:
-    loop = BrokerLoop(broker)
-    loop.start()
-    loops.append(loop)
+    loop = running(broker, loops)
     assert loop.wait_connected(5)
     return Sweeper(engine, loop, QUICK)
 
@@ -66,13 +54,13 @@ POISONS: list[Fault] = [
 
 @pytest.mark.parametrize("fault", POISONS, ids=lambda f: type(f).__name__ + str(f)[:7])
 def test_a_poison_row_dies_at_the_limit_and_its_batch_is_published_once(
-    engine: Engine, relay_of: list[BrokerLoop], fault: Fault
+    engine: Engine, loops: list[BrokerLoop], fault: Fault
 ) -> None:
     good = healthy_rows(engine, 10)
     poison = plant(engine, "p.bad", b"{}")
     good += healthy_rows(engine, 10)
     memory = MemoryBroker()
-    sweeper = sweeper_for(FaultyBroker(memory, {poison: fault}), engine, relay_of)
+    sweeper = sweeper_for(FaultyBroker(memory, {poison: fault}), engine, loops)
     first = sweeper.sweep(min_age_s=0, due_only=False)  # as `outbox drain` does
     assert (first.sent, first.failed, first.dead, first.aborted) == (20, 1, 0, False)
     row = row_of(engine, poison)
@@ -87,13 +75,13 @@ def test_a_poison_row_dies_at_the_limit_and_its_batch_is_published_once(
 
 
 def test_a_refused_row_backs_off_before_it_is_taken_again(
-    engine: Engine, relay_of: list[BrokerLoop]
+    engine: Engine, loops: list[BrokerLoop]
 ) -> None:
     """The fast path leaves a PERMANENT message to the sweeper: there it costs attempts
     with backoff, not a retry on every pass."""
     poison = plant(engine, "p.bad")
     broker = FaultyBroker(MemoryBroker(), {poison: permanent("unroutable")})
-    sweeper = sweeper_for(broker, engine, relay_of)
+    sweeper = sweeper_for(broker, engine, loops)
     sweeper.settings = Settings(max_attempts=3, backoff_base_s=30, backoff_cap_s=60)
     assert sweeper.sweep_once(min_age_s=0).failed == 1
     assert sweeper.sweep_once(min_age_s=0).claimed == 0, "not due again before its backoff"
@@ -113,7 +101,7 @@ PLANTED = {
 
 
 def test_planted_rows_that_break_the_contract_fail_alone_unpublished(
-    engine: Engine, relay_of: list[BrokerLoop]
+    engine: Engine, loops: list[BrokerLoop]
 ) -> None:
     planted = {
         why: plant(engine, str(columns.pop("topic", "p.planted")), b"{}", **columns)
@@ -121,7 +109,7 @@ def test_planted_rows_that_break_the_contract_fail_alone_unpublished(
     }
     good = healthy_rows(engine, 5)
     broker = FaultyBroker(MemoryBroker(), {})
-    sweeper = sweeper_for(broker, engine, relay_of)
+    sweeper = sweeper_for(broker, engine, loops)
     result = sweeper.sweep(min_age_s=0, due_only=False)
     assert (result.sent, result.failed, result.aborted) == (5, len(PLANTED), False)
     assert broker.forwarded == Counter(good), "only the healthy rows reached the broker"
