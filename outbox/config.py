@@ -250,7 +250,7 @@ def is_async_url(db: str | URL) -> bool:
 def sync_url(url: URL) -> URL:
     """The same database through a sync driver (an async driver's sync counterpart)."""
     driver = SYNC_DRIVERS.get(url.get_driver_name())
-    return url if driver is None else url.set(drivername=f"{url.get_backend_name()}+{driver}")
+    return url if driver is None else through(url, driver)
 
 
 def async_url(url: URL) -> URL:
@@ -260,7 +260,21 @@ def async_url(url: URL) -> URL:
     driver = ASYNC_DRIVERS.get(url.get_backend_name())
     if driver is None:
         raise ConfigError(f"db: no asyncio driver known for {mask_url(url)!r}")
-    return url.set(drivername=f"{url.get_backend_name()}+{driver}")
+    return through(url, driver)
+
+
+def through(url: URL, driver: str) -> URL:
+    """``url`` with another driver, refused where that would reach another database."""
+    backend = url.get_backend_name()
+    if backend == "sqlite" and (
+        url.database in (None, "", ":memory:") or "mode=memory" in str(url)
+    ):
+        # Each connection of each engine would open an empty database of its own.
+        raise ConfigError(
+            "db: an in-memory SQLite database cannot be shared by a sync and an async "
+            "driver (the relay's and the app's); use a database file"
+        )
+    return url.set(drivername=f"{backend}+{driver}")
 
 
 def same_database(a: URL, b: URL) -> bool:
@@ -283,9 +297,12 @@ def async_engine_from(
         if url.get_driver_name() == "asyncpg" and "options" in url.query:
             args["server_settings"] = server_settings(str(url.query["options"]))
             url = url.difference_update_query(["options"])
-        return create_async_engine(url, connect_args=args, **kw)
+        engine = create_async_engine(url, connect_args=args, **kw)
     except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as exc:
         raise ConfigError(f"db: cannot use {mask_url(db)!r}: {exc}") from None
+    if url.get_driver_name() == "asyncmy":
+        event.listen(engine.sync_engine, "connect", functools.partial(_reads_wait, None))
+    return engine
 
 
 def server_settings(options: str) -> dict[str, str]:
@@ -303,12 +320,17 @@ def timeouts(url: URL, connect_s: float, read_s: float | None) -> dict[str, Any]
     args: dict[str, Any] = {}
     if url.get_driver_name() == "asyncpg":  # seconds, a float; no statement timeout here
         args["timeout"] = connect_s
-    elif url.get_driver_name() in ("asyncmy", "aiomysql"):  # no read timeout to set
+    elif url.get_driver_name() == "asyncmy":  # its connect_timeout bounds the TCP connect alone:
+        # the server's greeting is read with read_timeout (lifted after the handshake)
+        args = {"connect_timeout": connect_s, "read_timeout": connect_s}
+    elif url.get_driver_name() == "aiomysql":  # no read timeout: a silent host hangs it
         args["connect_timeout"] = connect_s
     elif backend == "postgresql":  # libpq: whole seconds, at least 2
         args["connect_timeout"] = max(2, math.ceil(connect_s))
     elif backend in ("mysql", "mariadb"):  # PyMySQL reads the server's greeting with read_timeout
         args = {"connect_timeout": connect_s, "read_timeout": connect_s}
+    elif url.get_driver_name() == "aiomysql":  # no read timeout: a silent host hangs it
+        args["connect_timeout"] = connect_s
         if read_s is not None:
             args["write_timeout"] = read_s
     elif backend == "sqlite":  # how long a write waits for another's lock
@@ -322,7 +344,9 @@ def timeouts(url: URL, connect_s: float, read_s: float | None) -> dict[str, Any]
 
 def _reads_wait(read_s: float | None, dbapi_connection: Any, _record: object) -> None:
     """After the handshake, reads wait ``read_s`` (None: as long as the queries take)."""
-    dbapi_connection._read_timeout = read_s  # PyMySQL has no public setter for it
+    # PyMySQL and asyncmy (behind SQLAlchemy's adapter) have no public setter for it.
+    driver = getattr(dbapi_connection, "driver_connection", dbapi_connection)
+    driver._read_timeout = read_s
 
 
 def check_broker_url(broker: str | None) -> str | None:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sqlalchemy import Engine, event, func, make_url, select
+from sqlalchemy import Engine, create_engine, event, func, make_url, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session, async_sessionmaker
 
 from outbox import Outbox, migrate, outbox_message
 from outbox.config import is_async_url, server_settings, timeouts
+from outbox.errors import ConfigError
 from relay.brokers.nats import read_stream
 from relay.testing.embedded import NatsServer
 from tests.flavours import Flavour
@@ -179,4 +180,47 @@ def test_asyncpg_takes_libpq_options_as_server_settings() -> None:
         server_settings("--verbose")
     url = make_url("postgresql+asyncpg://u@h/d")
     assert timeouts(url, 1.5, None) == {"timeout": 1.5}
-    assert timeouts(url.set(drivername="mysql+asyncmy"), 1.5, None) == {"connect_timeout": 1.5}
+    asyncmy = timeouts(url.set(drivername="mysql+asyncmy"), 1.5, None)
+    assert asyncmy == {"connect_timeout": 1.5, "read_timeout": 1.5}, "its handshake reads too"
+
+
+@pytest.mark.parametrize("given", ["url", "engine"])
+def test_a_sync_outbox_gets_its_async_engine_on_first_async_use(any_db: str, given: str) -> None:
+    """Outbox(sync URL or Engine): async handlers work, and stop_async() closes what they opened."""
+    app_engine = create_engine(any_db)
+    migrate.upgrade(app_engine)
+    ob = Outbox(app_engine if given == "engine" else any_db)
+    assert ob._async_engine is None, "made on first async use, not before"
+    opened: list[object] = []
+    closed: list[object] = []
+
+    @ob.transactional
+    async def order(session: AsyncSession, n: int) -> str:
+        return ob.send(session, "warehouse.inbound", {"n": n})
+
+    async def app() -> list[str]:
+        engine = ob.async_engine.sync_engine
+        event.listen(engine, "connect", lambda conn, _: opened.append(conn))
+        event.listen(engine.pool, "close", lambda conn, _: closed.append(conn))
+        sent = list(await asyncio.gather(*(order(n) for n in range(3))))
+        async with AsyncSession(ob.async_engine) as session, session.begin():
+            sent.append(ob.send(session, "warehouse.inbound", b"own session"))
+        assert opened and not closed, "pooled while the app runs"
+        await ob.stop_async()
+        return sent
+
+    try:
+        sent = asyncio.run(app())
+        assert make_url(any_db).get_backend_name() in ob.async_engine.url.drivername
+        assert ob.async_engine.dialect.is_async
+        assert sorted(msg_ids(app_engine)) == sorted(sent)
+        assert sorted(map(id, closed)) == sorted(map(id, opened)), "every connection closed"
+    finally:
+        app_engine.dispose()
+
+
+@pytest.mark.parametrize("db", ["sqlite://", "sqlite+aiosqlite://", "sqlite:///:memory:"])
+def test_an_in_memory_sqlite_database_is_not_split_between_drivers(db: str) -> None:
+    """Each driver's connections would open an empty database of their own."""
+    with pytest.raises(ConfigError, match="db: an in-memory SQLite database"):
+        Outbox(db).async_engine  # noqa: B018
