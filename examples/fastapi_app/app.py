@@ -28,10 +28,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, StrictInt
 from sqlalchemy import Engine
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from examples.webapp.app import CLOSED_DOCKS, TOPIC, DockClosed, inbound, metadata
 from outbox import Outbox, migrate
+from outbox.config import async_engine_from
 from outbox.errors import OutboxError
 
 Tag = Annotated[str, Field(min_length=1)]
@@ -55,13 +56,17 @@ def prepare(engine: Engine) -> None:
     metadata.create_all(engine)
 
 
-def create_app(db: str, broker: str) -> FastAPI:
+def create_app(db: str, broker: str, pool_size: int = 20) -> FastAPI:
     """The app; its lifespan starts the outbox relay and stops it on shutdown.
 
     ``db`` is an async URL (``postgresql+asyncpg://``, ``postgresql+psycopg://``,
     ``sqlite+aiosqlite://``...); the relay uses the sync driver beside it.
+    Requests take their AsyncSession from the app's own engine and session factory, given
+    to the outbox; its pool holds ``pool_size`` connections (SQLAlchemy's default of 5
+    would open and close a connection per request under more concurrent requests).
     """
-    ob = Outbox(db, broker=broker)
+    engine = async_engine_from(db, pool_size=pool_size)  # asyncpg gets libpq's options too
+    ob = Outbox(db, broker=broker, session_factory=async_sessionmaker(engine))
 
     @ob.transactional
     async def record_delivery(session: AsyncSession, delivery: Delivery) -> Recorded:
@@ -82,6 +87,7 @@ def create_app(db: str, broker: str) -> FastAPI:
             yield
         finally:
             await ob.stop_async()
+            await engine.dispose()
 
     app = FastAPI(title="warehouse inbound", lifespan=lifespan)
     app.state.outbox = ob
