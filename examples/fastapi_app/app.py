@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated
@@ -30,6 +29,7 @@ from pydantic import BaseModel, Field, StrictInt
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from examples.cli import add_db_and_broker
 from examples.webapp.app import CLOSED_DOCKS, TOPIC, DockClosed, inbound, metadata
 from outbox import Outbox, migrate
 from outbox.config import async_engine_from
@@ -113,14 +113,7 @@ def create_app(db: str, broker: str, pool_size: int = 20) -> FastAPI:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="the async warehouse inbound example service")
-    parser.add_argument(
-        "--db", default=os.environ.get("OUTBOX_DB"), required="OUTBOX_DB" not in os.environ
-    )
-    parser.add_argument(
-        "--broker",
-        default=os.environ.get("OUTBOX_BROKER"),
-        required="OUTBOX_BROKER" not in os.environ,
-    )
+    add_db_and_broker(parser)
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args()
     uvicorn.run(create_app(args.db, args.broker), host="127.0.0.1", port=args.port,
