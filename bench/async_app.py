@@ -4,7 +4,8 @@ Run with `make bench` (or `python -m bench.async_app --seconds 5`). Every figure
 measured in this run:
   1. requests/s of POST /inbound with the outbox (the row and send() in one transaction)
      divided by requests/s of the same endpoint without send(), with the same number of
-     clients, each posting its next request when the last one answered;
+     clients, each posting its next request when the last one answered; the two
+     alternate (--rounds) so that a change in the machine's load hits both;
   2. commit->ack latency p50/p99 with requests offered at a fixed rate (500/s), taken
      from the relay's listener hook ``published`` (the fast path's commit-to-ack time).
 
@@ -179,7 +180,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16, help="concurrent clients (phase 1)")
     parser.add_argument("--rate", type=float, default=500, help="offered requests/s (phase 2)")
     parser.add_argument("--driver", default="asyncpg", help="asyncpg or psycopg (async)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of phase 1")
     args = parser.parse_args()
+    span = args.seconds / args.rounds
     latencies = Latencies()
     spawn = multiprocessing.get_context("spawn")
     with (
@@ -191,15 +194,23 @@ def main() -> None:
         broker = f"{nats.url}?stream=BENCH&subjects=warehouse.>"
         with serving(db.render_as_string(hide_password=False), broker, latencies) as (port, ob):
             clients.submit(closed_loop, port, args.clients, 1.0).result()  # warm up
-            with without_send(ob):
-                base = clients.submit(closed_loop, port, args.clients, args.seconds).result()
-            outbox = clients.submit(closed_loop, port, args.clients, args.seconds).result()
+            base, outbox = [], []
+            for _ in range(args.rounds):  # interleaved, so a drift of the machine hits both
+                with without_send(ob):
+                    base.append(clients.submit(closed_loop, port, args.clients, span).result())
+                outbox.append(clients.submit(closed_loop, port, args.clients, span).result())
             wait_for(lambda: idle(ob), 30, "the relay to catch up")
             latencies.recording = True
             load = clients.submit(paced, port, args.rate, 2 * args.seconds, 64).result()
             wait_for(lambda: len(latencies.seen) >= load["ok"], 30, "every message acked")
             latencies.recording = False
-    print_table(args, base, outbox, load, latencies.seen)
+    print_table(args, merged(base), merged(outbox), load, latencies.seen)
+
+
+def merged(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rounds of equal length: their mean rate, and the replies other than 201 in all."""
+    return {"rate": sum(r["rate"] for r in rounds) / len(rounds),
+            "other": sum(r["other"] for r in rounds)}  # fmt: skip
 
 
 def idle(ob: Outbox) -> bool:
@@ -228,9 +239,9 @@ def print_table(
         ("replies other than 201", f"{refused}", "must be 0"),
     ]  # fmt: skip
     title = f"async path: examples/fastapi_app under uvicorn (1 worker), {args.driver}, "
-    title += f"{args.clients} clients for throughput, {args.seconds:.0f} s per phase "
-    title += f"({2 * args.seconds:.0f} s paced), {os.cpu_count()} CPUs shared by clients, "
-    title += "app, PostgreSQL and NATS"
+    title += f"{args.clients} clients for throughput, {args.seconds:.0f} s with and without "
+    title += f"send() in {args.rounds} alternations, {2 * args.seconds:.0f} s paced, "
+    title += f"{os.cpu_count()} CPUs shared by clients, app, PostgreSQL and NATS"
     print_rows(title, rows)
 
 
