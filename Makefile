@@ -51,3 +51,4 @@ bench: $(STAMP) services
 	$(PY) -m bench.halfop
 	$(PY) -m bench.poison
 	$(PY) -m bench.reconcile
+	$(PY) -m bench.async_app

@@ -1,4 +1,4 @@
-"""The README's usage example runs as written."""
+"""The README's usage examples run as written: every ```python block, each in a fresh directory."""
 
 from __future__ import annotations
 
@@ -16,9 +16,17 @@ def python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
 
-def test_usage_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_quickstart_shows_sync_and_async_use() -> None:
+    blocks = python_blocks()
+    assert any("async def" in block and "asyncio.run(" in block for block in blocks)
+    assert any("async def" not in block for block in blocks)
+
+
+@pytest.mark.parametrize(
+    "example", python_blocks(), ids=lambda b: "async" if "async def" in b else "sync"
+)
+def test_usage_example_runs(example: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    [example] = python_blocks()
     scope: dict[str, object] = {}
     exec(compile(example, "README.md", "exec"), scope)
     assert uuid.UUID(str(scope["msg_id"])).version == 7

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from examples.cli import add_db_and_broker
 from relay import export
 from spark_jobs import reconcile
 
@@ -36,14 +36,7 @@ def run_once(db: str, broker: str, stream: str, out: Path, end: datetime | None 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument(
-        "--db", default=os.environ.get("OUTBOX_DB"), required="OUTBOX_DB" not in os.environ
-    )
-    parser.add_argument(
-        "--broker",
-        default=os.environ.get("OUTBOX_BROKER"),
-        required="OUTBOX_BROKER" not in os.environ,
-    )
+    add_db_and_broker(parser)
     parser.add_argument("--stream", required=True, help="the JetStream stream of the real topics")
     parser.add_argument(
         "--out", type=Path, required=True, help="folder that keeps every night's report"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +22,7 @@ from flask import Flask, jsonify, request
 from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, func
 from sqlalchemy.orm import Session
 
+from examples.cli import add_db_and_broker
 from outbox import Outbox, migrate
 
 TOPIC = "warehouse.inbound"
@@ -114,14 +114,7 @@ def create_app(db: str, broker: str) -> Flask:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="the warehouse inbound example service")
-    parser.add_argument(
-        "--db", default=os.environ.get("OUTBOX_DB"), required="OUTBOX_DB" not in os.environ
-    )
-    parser.add_argument(
-        "--broker",
-        default=os.environ.get("OUTBOX_BROKER"),
-        required="OUTBOX_BROKER" not in os.environ,
-    )
+    add_db_and_broker(parser)
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args()
     app = create_app(args.db, args.broker)

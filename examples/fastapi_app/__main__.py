@@ -1,0 +1,3 @@
+from examples.fastapi_app.app import main
+
+main()

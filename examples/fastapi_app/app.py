@@ -1,0 +1,124 @@
+"""Warehouse inbound, async: a FastAPI service that records a delivery and announces it, atomically.
+
+``POST /inbound`` with ``{"sku": "A-100", "quantity": 12, "dock": "D1", "tags": ["pallet"]}``:
+- a body that breaks the Pydantic model is refused with 422 before any transaction starts;
+- otherwise ``record_delivery`` runs under the async ``@ob.transactional``: the inbound row
+  and the ``warehouse.inbound`` message are written in one transaction on an AsyncSession,
+  so both commit or neither does. A closed dock raises inside the transaction (after the
+  row and the message were written) and the whole request rolls back: 409, no row, no
+  message. A message ``send()`` refuses (say a tag with a space) rolls back too: 400
+  naming the field.
+
+The table, the topic and the closed docks are the Flask example's (examples/webapp), so
+both services write the same rows and messages. The relay starts in the lifespan and
+runs on its own threads; the request handlers never wait for the broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, StrictInt
+from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from examples.cli import add_db_and_broker
+from examples.webapp.app import CLOSED_DOCKS, TOPIC, DockClosed, inbound, metadata
+from outbox import Outbox, migrate
+from outbox.config import async_engine_from
+from outbox.errors import OutboxError
+
+Tag = Annotated[str, Field(min_length=1)]
+
+
+class Delivery(BaseModel):
+    sku: str = Field(min_length=1, max_length=40)
+    quantity: StrictInt = Field(gt=0)
+    dock: str = Field(default="D1", min_length=1, max_length=10)
+    tags: list[Tag] | None = None  # sent as the message's tags: send() has the last word
+
+
+class Recorded(BaseModel):
+    id: int
+    msg_id: str
+
+
+def prepare(engine: Engine) -> None:
+    """The outbox tables and the app's own (an app with Alembic migrates both its own way)."""
+    migrate.upgrade(engine)
+    metadata.create_all(engine)
+
+
+def create_app(db: str, broker: str, pool_size: int = 20) -> FastAPI:
+    """The app; its lifespan starts the outbox relay and stops it on shutdown.
+
+    ``db`` is an async URL (``postgresql+asyncpg://``, ``postgresql+psycopg://``,
+    ``sqlite+aiosqlite://``...); the relay uses the sync driver beside it.
+    Requests take their AsyncSession from the app's own engine and session factory, given
+    to the outbox; its pool holds ``pool_size`` connections (SQLAlchemy's default of 5
+    would open and close a connection per request under more concurrent requests).
+    """
+    engine = async_engine_from(db, pool_size=pool_size)  # asyncpg gets libpq's options too
+    ob = Outbox(db, broker=broker, session_factory=async_sessionmaker(engine))
+
+    @ob.transactional
+    async def record_delivery(session: AsyncSession, delivery: Delivery) -> Recorded:
+        row = inbound.insert().values(sku=delivery.sku, quantity=delivery.quantity,
+                                      dock=delivery.dock)  # fmt: skip
+        row_id = (await session.execute(row.returning(inbound.c.id))).scalar_one()
+        body = {"id": row_id, "sku": delivery.sku, "quantity": delivery.quantity}
+        msg_id = ob.send(session, TOPIC, body, key=delivery.sku, tags=delivery.tags)  # not awaited
+        if delivery.dock in CLOSED_DOCKS:
+            raise DockClosed(delivery.dock)
+        return Recorded(id=row_id, msg_id=msg_id)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(prepare, ob.engine)  # blocking DDL off the event loop
+        ob.start()  # returns at once; the relay connects in the background
+        try:
+            yield
+        finally:
+            await ob.stop_async()
+            await engine.dispose()
+
+    app = FastAPI(title="warehouse inbound", lifespan=lifespan)
+    app.state.outbox = ob
+
+    @app.post("/inbound", status_code=201)
+    async def receive(delivery: Delivery) -> Recorded:
+        return await record_delivery(delivery)
+
+    @app.exception_handler(DockClosed)
+    async def dock_closed(request: Request, exc: DockClosed) -> JSONResponse:
+        return JSONResponse({"error": f"dock {exc} is closed"}, status_code=409)
+
+    @app.exception_handler(OutboxError)
+    async def refused(request: Request, exc: OutboxError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=400)  # "tags: must not contain..."
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"relay": "up" if ob.stats is not None else "down"}
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="the async warehouse inbound example service")
+    add_db_and_broker(parser)
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args()
+    uvicorn.run(create_app(args.db, args.broker), host="127.0.0.1", port=args.port,
+                log_level="warning")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

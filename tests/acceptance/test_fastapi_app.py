@@ -1,0 +1,141 @@
+"""The async web example for real: uvicorn on a free port, httpx, PostgreSQL and nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, func, make_url, select
+
+from examples.webapp.app import inbound
+from outbox.table import outbox_message
+from relay.brokers.nats import read_stream
+from relay.testing.embedded import NatsServer, free_port
+from tests.helpers import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUESTS = 1000
+
+
+@pytest.fixture
+def service(pg_url: str, nats_server: NatsServer, stream: tuple[str, str]) -> Iterator[str]:
+    """`python -m examples.fastapi_app` on asyncpg and a free port; its base URL."""
+    port = free_port()
+    db = make_url(pg_url).set(drivername="postgresql+asyncpg")
+    broker = f"{nats_server.url}?stream={stream[0]}&subjects=warehouse.>"
+    env = {**os.environ, "OUTBOX_DB": db.render_as_string(hide_password=False),
+           "OUTBOX_BROKER": broker}  # fmt: skip
+    server = subprocess.Popen(
+        [sys.executable, "-m", "examples.fastapi_app", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: answers(base), timeout=30, what="the service to answer")
+        yield base
+    finally:
+        server.terminate()
+        output, _ = server.communicate(timeout=30)
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises it: -15.
+    assert server.returncode in (0, -15) and "Traceback" not in output, output
+
+
+def answers(base: str) -> bool:
+    try:
+        return bool(httpx.get(f"{base}/health", timeout=1).json() == {"relay": "up"})
+    except httpx.HTTPError:
+        return False
+
+
+def body(i: int) -> dict[str, Any]:
+    """Every tenth delivery goes to a closed dock: the rule fails inside the transaction."""
+    return {"sku": f"S{i}", "quantity": 1 + i % 7, "dock": "D9" if i % 10 == 0 else "D1"}
+
+
+async def post_all(base: str, bodies: list[dict[str, Any]], connections: int = 20) -> list[Any]:
+    """All requests started at once as tasks, over ``connections`` keep-alive connections.
+
+    The semaphore keeps httpx's own pool queue short: with hundreds of requests waiting
+    inside it, httpcore's pool spends its time rescanning them and times out.
+    """
+    gate = asyncio.Semaphore(connections)
+    limits = httpx.Limits(max_connections=connections)
+    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
+
+        async def post(sent: dict[str, Any]) -> httpx.Response:
+            async with gate:
+                return await client.post("/inbound", json=sent)
+
+        return list(await asyncio.gather(*(post(b) for b in bodies)))
+
+
+def sent_and_pending(pg_url: str) -> tuple[set[int], int]:
+    """The business rows' ids, and how many outbox rows are not yet marked sent."""
+    engine = create_engine(pg_url)
+    with engine.connect() as conn:
+        ids = set(conn.execute(select(inbound.c.id)).scalars())
+        pending = conn.execute(
+            select(func.count()).where(outbox_message.c.status != "sent")
+        ).scalar_one()
+    engine.dispose()
+    return ids, int(pending)
+
+
+def test_1000_concurrent_requests_lose_nothing_and_publish_no_rolled_back_message(
+    service: str, pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+) -> None:
+    replies = asyncio.run(post_all(service, [body(i) for i in range(REQUESTS)]))
+    statuses = Counter(reply.status_code for reply in replies)
+    assert statuses == {201: REQUESTS * 9 // 10, 409: REQUESTS // 10}, statuses
+    created = {r.json()["msg_id"]: r.json()["id"] for r in replies if r.status_code == 201}
+    wait_until(lambda: sent_and_pending(pg_url)[1] == 0, timeout=30, what="every row sent")
+    ids, _ = sent_and_pending(pg_url)
+    assert ids == set(created.values())  # every 201 row is there, and no rolled-back one
+
+    delivered = asyncio.run(read_stream(nats_server.url, stream[0]))
+    seen = Counter(m.msg_id for m in delivered)
+    lost = set(created) - set(seen)
+    phantom = set(seen) - set(created)
+    duplicates = sum(n - 1 for n in seen.values())
+    print(f"\ncommitted {len(created)}, delivered {len(seen)}, lost {len(lost)}, "
+          f"phantom {len(phantom)}, duplicates {duplicates}")  # fmt: skip
+    assert not lost and not phantom
+    closed = {b["sku"] for b in map(body, range(REQUESTS)) if b["dock"] == "D9"}
+    assert not closed & {json.loads(m.data)["sku"] for m in delivered}
+
+
+REFUSED = [
+    ({"sku": "", "quantity": 1}, 422, "sku"),
+    ({"sku": "A-1", "quantity": 0}, 422, "quantity"),
+    ({"sku": "A-1", "quantity": True}, 422, "quantity"),
+    ({"sku": "A-1"}, 422, "quantity"),
+    ({"sku": "A-1", "quantity": 1, "tags": ["two words"]}, 400, "tags"),
+    ({"sku": "A-1\n", "quantity": 1}, 400, "key"),
+    ({"sku": "A-1", "quantity": 5, "dock": "D9"}, 409, "closed"),
+]
+
+
+def test_refused_and_rolled_back_requests_leave_no_row_and_no_message(
+    service: str, pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+) -> None:
+    for sent, status, error in REFUSED:
+        reply = httpx.post(f"{service}/inbound", json=sent, timeout=10)
+        assert reply.status_code == status, (sent, reply.json())
+        assert error in json.dumps(reply.json()), (sent, reply.json())
+    # A good request after them: only its own row and message exist.
+    good = httpx.post(f"{service}/inbound", json={"sku": "OK", "quantity": 1, "tags": ["a"]})
+    assert good.status_code == 201, good.json()
+    wait_until(lambda: sent_and_pending(pg_url)[1] == 0, what="the good message sent")
+    [message] = asyncio.run(read_stream(nats_server.url, stream[0]))
+    assert message.msg_id == good.json()["msg_id"] and json.loads(message.data)["sku"] == "OK"
+    assert message.headers["Outbox-Tags"] == "a"
+    assert sent_and_pending(pg_url)[0] == {good.json()["id"]}
