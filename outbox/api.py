@@ -29,6 +29,7 @@ from outbox.config import (
     async_engine_from,
     check_broker_url,
     engine_from,
+    given_url,
     is_async_url,
     mask_url,
     same_database,
@@ -95,7 +96,7 @@ class Outbox:
             self._async_engine = async_engine_from(db, timeout)
             self._owns_async_engine = not isinstance(db, AsyncEngine)
             # Its own sync engine: an async engine's sync_engine cannot run on another thread.
-            source = db if isinstance(db, str) else self._async_engine.url  # keeps its options
+            source = db if isinstance(db, str) else given_url(self._async_engine)  # with options
             self.engine = engine_from(sync_url(make_url(source)), timeout)
         else:
             self.engine = engine_from(db, timeout)

@@ -6,6 +6,7 @@ import functools
 import math
 import re
 import shlex
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -285,6 +286,16 @@ def same_database(a: URL, b: URL) -> bool:
     return a.set(drivername=a.get_backend_name()) == b.set(drivername=b.get_backend_name())
 
 
+# The URL each AsyncEngine made here was asked for: asyncpg's engine URL has lost libpq's
+# ``options`` (moved into server_settings), which the relay's sync engine still needs.
+_given_urls: weakref.WeakKeyDictionary[AsyncEngine, URL] = weakref.WeakKeyDictionary()
+
+
+def given_url(engine: AsyncEngine) -> URL:
+    """The URL ``engine`` was made from by ``async_engine_from``, else its own."""
+    return _given_urls.get(engine, engine.url)
+
+
 def async_engine_from(
     db: str | URL | AsyncEngine, connect_timeout_s: float = CONNECT_TIMEOUT_S, **kw: Any
 ) -> AsyncEngine:
@@ -300,6 +311,7 @@ def async_engine_from(
         engine = create_async_engine(url, connect_args=args, **kw)
     except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as exc:
         raise ConfigError(f"db: cannot use {mask_url(db)!r}: {exc}") from None
+    _given_urls[engine] = make_url(db)
     if url.get_driver_name() == "asyncmy":
         event.listen(engine.sync_engine, "connect", functools.partial(_reads_wait, None))
     return engine

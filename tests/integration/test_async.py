@@ -13,7 +13,7 @@ from sqlalchemy import Engine, create_engine, event, func, make_url, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session, async_sessionmaker
 
 from outbox import Outbox, migrate, outbox_message
-from outbox.config import is_async_url, server_settings, timeouts
+from outbox.config import async_engine_from, is_async_url, server_settings, timeouts
 from outbox.errors import ConfigError
 from relay.brokers.nats import read_stream
 from relay.testing.embedded import NatsServer
@@ -168,6 +168,15 @@ def test_an_async_url_gets_a_sync_engine_of_the_same_database_for_the_relay(
     assert ob.engine.url.set(drivername="x") == ob.engine.url.set(drivername="x")
     assert ob.engine.url.database == ob.async_engine.url.database
     assert dict(ob.engine.url.query) == dict(make_url(db).query), "libpq options kept for psycopg"
+    ob.stop()
+
+
+def test_an_async_engine_given_keeps_its_libpq_options_for_the_relay() -> None:
+    """asyncpg's engine URL lost ``options`` (now server_settings): the relay must not."""
+    db = "postgresql+asyncpg://u@h/d?options=-csearch_path%3Ds"
+    ob = Outbox(async_engine_from(db))
+    assert dict(ob.engine.url.query) == {"options": "-csearch_path=s"}
+    assert ob.engine.url.drivername == "postgresql+psycopg"
     ob.stop()
 
 
