@@ -89,6 +89,7 @@ async def this_project(urls: Urls, tuned: bool) -> Adapter:
     broker = f"{urls.nats}?stream={urls.stream}&subjects={urls.subject}"
     ob = Outbox(engine, broker=broker, sweeper=False, verify_commit=not tuned)
     drain: list[subprocess.Popen[bytes]] = []
+    started: list[Outbox] = []
 
     def commit_sync(ids: Sequence[str]) -> tuple[float, float]:
         with Session(engine) as session:
@@ -104,6 +105,7 @@ async def this_project(urls: Urls, tuned: bool) -> Adapter:
     def start_relay(backlog: bool) -> None:
         if not backlog:
             ob.start()
+            started.append(ob)
             return
         extra = ["--concurrency", "4"] if tuned else []
         cmd = [OUTBOX, "drain", "--db", urls.sync_db, "--broker", broker, *extra]
@@ -112,8 +114,8 @@ async def this_project(urls: Urls, tuned: bool) -> Adapter:
     def stop_relay() -> None:
         if drain:
             drain.pop().wait()
-        else:
-            ob.stop()
+        if started:
+            started.pop().stop()
 
     async def close() -> None:
         engine.dispose()
@@ -314,8 +316,11 @@ class Consumer:
 
     def finish(self) -> list[tuple[str, float]]:
         self.stop_event.set()
-        received: list[tuple[str, float]] = self.results.recv()
+        received: list[tuple[str, float]] = self.results.recv() if self.results.poll(30) else []
         self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
         return received
 
 
@@ -412,24 +417,35 @@ async def run_row(
 ) -> list[str]:
     await create_stream(urls)
     consumer = Consumer(urls).start()
-    adapter = await build(urls, tuned)
     try:
-        adapter.start_relay(False)
-        await adapter.commit(["warm-up"])  # the relay is connected before the clock runs
-        consumer.wait_for(1, 30)
-        started = time.monotonic()
-        timings = await paced(adapter, args.rate, args.seconds)
-        reached = len(timings) / (time.monotonic() - started)
-        consumer.wait_for(1 + len(timings), 30)
-        adapter.stop_relay()
-        backlog = await seed(adapter, args.rows)
-        adapter.start_relay(True)
-        consumer.wait_for(1 + len(timings) + len(backlog), args.drain_timeout)
-        adapter.stop_relay()
+        adapter = await build(urls, tuned)
+        try:
+            timings, reached, backlog = await drive(adapter, consumer, args)
+        finally:
+            adapter.stop_relay()
+            await adapter.close()
     finally:
-        await adapter.close()
         received = consumer.finish()
     return summarize(timings, reached, backlog, received)
+
+
+async def drive(
+    adapter: Adapter, consumer: Consumer, args: argparse.Namespace
+) -> tuple[dict[str, tuple[float, float]], float, list[str]]:
+    """The two phases: paced commits with the relay running, then a backlog drained."""
+    adapter.start_relay(False)
+    await adapter.commit(["warm-up"])  # the relay is connected before the clock runs
+    consumer.wait_for(1, 30)
+    started = time.monotonic()
+    timings = await paced(adapter, args.rate, args.seconds)
+    reached = len(timings) / (time.monotonic() - started)
+    consumer.wait_for(1 + len(timings), 30)
+    adapter.stop_relay()
+    backlog = await seed(adapter, args.rows)
+    adapter.start_relay(True)
+    consumer.wait_for(1 + len(timings) + len(backlog), args.drain_timeout)
+    adapter.stop_relay()
+    return timings, reached, backlog
 
 
 def summarize(
@@ -465,21 +481,21 @@ async def one_row(
     k: int,
     server: NatsServer,
     args: argparse.Namespace,
-) -> list[str]:
-    """The figures of one peer and setting, or why there are none, and the steal."""
+) -> tuple[list[str], str]:
+    """The figures of one peer and setting (or why there are none), with the steal."""
     steal0, total0 = steal_ticks()
+    cells, why = [""] * 6, ""
     try:
         with scratch_database(server.url, k) as urls:
             cells = await run_row(build, tuned, urls, args)
     except ImportError as exc:
-        cells = [f"not installed ({exc.name}): pip install '.[peers]'"]
+        why = f"not installed ({exc.name}): pip install '.[peers]'"
     except Exception as exc:
-        cells = [
-            f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
-        ]
+        why = f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:100]}"
     steal1, total1 = steal_ticks()
     steal = 100 * (steal1 - steal0) / max(1, total1 - total0)
-    return [*cells, *[""] * (6 - len(cells)), f"{steal:.1f}"]
+    # Steal misses what other processes of this machine take; the load average shows it.
+    return [*cells, f"{steal:.1f}", f"{os.getloadavg()[0]:.1f}"], why
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -492,6 +508,7 @@ async def main_async(args: argparse.Namespace) -> None:
         "dup",
         "missing",
         "steal %",
+        "load 1m",
     ]
     rows = [header]
     chosen = [p for p in PEERS if not args.only or any(o in p[0] for o in args.only)]
@@ -500,9 +517,8 @@ async def main_async(args: argparse.Namespace) -> None:
             for setting, is_tuned in ((default, False), (tuned, True)):
                 label = f"{name}, {setting}"
                 print(f"running {label} ...", file=sys.stderr, flush=True)
-                rows.append(
-                    [label, *await one_row(build, is_tuned, 2 * k + is_tuned, server, args)]
-                )
+                cells, why = await one_row(build, is_tuned, 2 * k + is_tuned, server, args)
+                rows.append([f"{label} -- {why}" if why else label, *cells])
     title = f"peers: {args.rate:.0f} commits/s for {args.seconds:.0f} s, then {args.rows:,} rows "
     title += f"drained; PostgreSQL + nats-server on loopback, {os.cpu_count()} CPUs"
     print_rows(title, rows)
