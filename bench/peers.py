@@ -11,8 +11,13 @@ JetStream stream of its own on one embedded nats-server:
 Latency is measured from just before COMMIT and from COMMIT's return to the consumer's
 receipt (CLOCK_MONOTONIC is one clock for every process). Drain msg/s counts from the
 first drained message's arrival to the last one's, so process start-up is left out.
-The steal column is the CPU steal of the machine during that row (/proc/stat): discount
-rows where it is high. A peer that cannot be installed or run gets a row saying why.
+The steal column is the CPU steal of the machine during that row (/proc/stat) and the
+load column its 1-minute load average at the row's end (other processes on this
+machine, which steal does not show): discount rows where either is high. Commits/s
+below the offered rate means the app side could not keep up. The peers' APIs take an
+AsyncSession (asyncpg); this project's row uses a plain Session (psycopg) from worker
+threads, its documented main use. FastStream's log line per message is turned off.
+A peer that cannot be installed or run gets a row saying why.
 """
 
 from __future__ import annotations
