@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-dev
 SERVICES := postgres mariadb rabbitmq redis
 JDBC_JAR := /usr/share/java/postgresql.jar
 
-.PHONY: demo test lint typecheck imports check services bench clean
+.PHONY: demo test lint typecheck imports check services bench bench-peers clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,3 +52,9 @@ bench: $(STAMP) services
 	$(PY) -m bench.poison
 	$(PY) -m bench.reconcile
 	$(PY) -m bench.async_app
+
+# The peer comparison (bench/peers.py): faststream-outbox, nats-outbox and this project,
+# one after the other. PEERS_ARGS, e.g. `--seconds 5 --rows 5000` or `--only nats-outbox`.
+bench-peers: $(STAMP) services
+	$(PY) -m pip install --quiet -e '.[bench,peers]'
+	$(PY) -m bench.peers $(PEERS_ARGS)
