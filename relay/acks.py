@@ -75,7 +75,7 @@ class AckBatcher:
         finish: Finish,
         stats: Stats,
         batch_size: int = 256,
-        flush_ms: float = 5.0,
+        flush_ms: float = 50.0,
         listeners: Listeners | None = None,
     ) -> None:
         self._finish = finish
