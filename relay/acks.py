@@ -66,8 +66,8 @@ class AckBatcher:
 
     The loop only appends an ack (and wakes the thread when it was idle): no timer, task
     or executor future per batch and, unless listeners want to hear ``published`` (on
-    the loop), no wake-up of the loop when a write ends. At low rates, one ack per
-    batch, those were about a third of the loop's passes per message.
+    the loop), no wake-up of the loop when a write ends: at low rates, one ack per
+    batch, those came with every message.
     """
 
     def __init__(
