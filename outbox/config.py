@@ -77,7 +77,7 @@ class Settings:
     publish_batch: int = 256  # messages handed to the broker adapter at once
     max_in_flight: int = 2048  # messages published and not yet answered
     ack_batch_size: int = 256  # acks marked by one statement at most
-    ack_flush_ms: float = 5.0  # an ack waits at most this long to be marked
+    ack_flush_ms: float = 50.0  # an ack waits at most this long to be marked
     # Re-read the rows (one SELECT per batch) before publishing: SQLAlchemy's
     # after_commit also fires when PostgreSQL turned COMMIT into ROLLBACK (an error the
     # app swallowed) or when the session joined an outer transaction that may still

@@ -81,10 +81,11 @@ class Dispatcher:
         self._clock = clock
         self._finish = finish
         self._verify = verify
-        self._queued = 0  # messages submitted and not yet taken by the loop
         self._count_lock = threading.Lock()
         self._accepting = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._inbox: list[Delivery] = []  # submitted, not yet taken by the loop
+        self._woken = False  # a _take_inbox is scheduled on the loop
 
     # -- app threads --------------------------------------------------------------
 
@@ -96,25 +97,28 @@ class Dispatcher:
         publishing (the commit could not be proven by the app side).
         """
         loop = self._loop
+        now = self._clock()
+        check = check and self._verify is not None
         with self._count_lock:
-            room = self.settings.queue_size - self._queued
+            room = self.settings.queue_size - len(self._inbox)
             taken = (
                 len(messages)
                 if self._accepting and loop is not None and room >= len(messages)
                 else 0
             )
-            self._queued += taken
             full = taken == 0 and self._accepting
             if full:
                 self.stats.queue_full += len(messages)
+            if taken:
+                self._inbox.extend(Delivery(m, now, check=check) for m in messages)
+                wake, self._woken = not self._woken, True
         if full:
             self.listeners.left_for_sweeper([m.msg_id for m in messages], "queue_full")
         if taken == 0:
             return 0
-        now = self._clock()
-        assert loop is not None
-        check = check and self._verify is not None
-        loop.call_soon_threadsafe(self._enqueue, [Delivery(m, now, check=check) for m in messages])
+        if wake:  # one wake-up for all the commits that arrive before the loop takes them
+            assert loop is not None
+            loop.call_soon_threadsafe(self._take_inbox)
         return taken
 
     def start(self, timeout: float = 10.0) -> None:
@@ -137,6 +141,8 @@ class Dispatcher:
             self.relay.submit(self._shutdown(deadline)).result(timeout + 1.0)
         except (TimeoutError, RuntimeError):
             log.warning("stop: the relay loop did not answer in time")
+        self._acks.close()  # done by _shutdown already unless the loop did not answer
+        self._acks.join(max(0.0, deadline - time.monotonic()))
         self._loop = None
         if self._owns_loop:
             self.relay.stop(max(0.0, deadline - time.monotonic()))
@@ -166,9 +172,13 @@ class Dispatcher:
         with self._count_lock:
             self._accepting = True
 
-    def _enqueue(self, deliveries: list[Delivery]) -> None:
+    def _take_inbox(self) -> None:
         with self._count_lock:
-            self._queued -= len(deliveries)
+            deliveries, self._inbox, self._woken = self._inbox, [], False
+        if deliveries:  # empty when _shutdown took them first
+            self._enqueue(deliveries)
+
+    def _enqueue(self, deliveries: list[Delivery]) -> None:
         if self._stopping:  # raced with stop(): the rows stay for the sweeper
             self.stats.dropped_at_stop += len(deliveries)
             self.listeners.left_for_sweeper([d.message.msg_id for d in deliveries], "stopped")
@@ -314,7 +324,9 @@ class Dispatcher:
 
     async def _shutdown(self, deadline: float) -> None:
         self._stopping = True
-        left = [d.message.msg_id for d in (*self._queue, *self._wheel.clear())]
+        with self._count_lock:  # submitted, with the wake-up still on its way
+            inbox, self._inbox, self._woken = self._inbox, [], False
+        left = [d.message.msg_id for d in (*inbox, *self._queue, *self._wheel.clear())]
         self._queue.clear()
         self.stats.dropped_at_stop += len(left)
         if left:

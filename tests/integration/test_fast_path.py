@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import create_engine, event, func, select, text
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
@@ -270,6 +270,34 @@ def test_session_joined_to_an_outer_transaction_that_rolls_back_publishes_nothin
     wait_until(lambda: stats.exhausted == 1, what="the schedule to give the message up")
     assert stats.published == 0
     assert stored(nats_server, stream) == []
+
+
+def test_verify_commit_reads_only_what_it_cannot_prove(
+    start_outbox: StartOutbox, stream: tuple[str, str]
+) -> None:
+    """No SELECT for sessions whose COMMIT is certain; one for a batch that is not."""
+    ob = start_outbox(sweeper=False)
+    stats = ob.stats
+    assert stats is not None
+    selects: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if threading.current_thread().name.startswith("outbox-verify"):
+            selects.append(statement)
+
+    event.listen(ob.engine, "before_cursor_execute", count)
+    send_from_threads(ob, f"{stream[1]}.certain", threads=2, per_thread=10)
+    wait_until(lambda: stats.marked == 20, what="the certain commits marked")
+    assert selects == [], "a session on the engine proves its COMMIT: nothing to re-read"
+    with ob.engine.connect() as conn:  # bound to a Connection: the relay cannot tell
+        session = Session(bind=conn)
+        for n in range(10):
+            ob.send(session, f"{stream[1]}.joined", {"n": n})
+        session.commit()
+        session.close()
+    wait_until(lambda: stats.marked == 30, what="the joined session's messages marked")
+    assert len(selects) == 1 and selects[0].lstrip().upper().startswith("SELECT")
+    assert stats.not_visible == 0
 
 
 def test_scoped_session_is_accepted(quick_ob: Outbox, pg_url: str, stream: tuple[str, str]) -> None:
