@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     Connection,
@@ -110,6 +110,21 @@ LOAD_PAYLOAD_BYTES = 4 * 1024 * 1024
 MIN_INLINE_BYTES = 1024
 
 
+class Claimed(NamedTuple):
+    """One claimed row, as the sweeper reads it (a tuple: attribute access on an
+    SQLAlchemy Row costs about a microsecond, which adds up over a batch of 500)."""
+
+    id: int
+    msg_id: Any  # uuid.UUID from the Uuid column
+    topic: str
+    key: str | None
+    tags: str | None
+    headers: Any  # JSON: a dict for rows send() wrote
+    attempts: int
+    payload: bytes | None  # None when left out by size (see load_payloads) or NULL
+    size: int | None
+
+
 def claim_due_stmt(
     cutoff: datetime, now: datetime, limit: int, due_only: bool = True, after_id: int | None = None
 ) -> Select[Any]:
@@ -117,13 +132,14 @@ def claim_due_stmt(
 
     SKIP LOCKED lets any number of sweepers run at once: each takes rows no other
     transaction holds. No id cursor: a row that commits late (a long transaction)
-    is found by its created_at like any other. ``payload`` is NULL when it is bigger
-    than its share of LOAD_PAYLOAD_BYTES (``size`` says how big): see load_payloads.
+    is found by its created_at like any other. The columns are Claimed's; ``payload``
+    is NULL when it is bigger than its share of LOAD_PAYLOAD_BYTES (``size`` says how
+    big): see load_payloads.
     """
     size = func.length(t.c.payload)
     inline = max(MIN_INLINE_BYTES, LOAD_PAYLOAD_BYTES // limit)
     columns = [
-        *(c for c in t.c if c.name != "payload"),
+        *(t.c[name] for name in Claimed._fields[:-2]),
         case((size <= inline, t.c.payload)).label("payload"),
         size.label("size"),
     ]
@@ -143,6 +159,10 @@ def claim_due_stmt(
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
+
+
+def claim(conn: Connection, stmt: Select[Any]) -> list[Claimed]:
+    return [Claimed._make(row) for row in conn.execute(stmt)]
 
 
 def load_payloads(conn: Connection, rows: Sequence[Any]) -> dict[int, bytes]:
