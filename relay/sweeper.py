@@ -227,19 +227,20 @@ class Sweeper:
     ) -> Recorded:
         recorded = Recorded()
         failures: list[dict[str, Any]] = []
+        acks: list[tuple[int, str]] = []
         for row, result in zip(rows, results, strict=True):
             msg_id = str(row.msg_id)
             if result.ok:
                 recorded.sent.append(Sent(msg_id, row.topic, result.receipt or ""))
+                acks.append((row.id, result.receipt or ""))
                 continue
             error = f"{result.outcome.value}: {result.error}"[:2000]
             failed = Failed(msg_id, row.topic, row.attempts + 1, error)
             dead = failed.attempt >= self.settings.max_attempts
             (recorded.dead if dead else recorded.retried).append(failed)
             failures.append(self._failure(row.id, failed, dead))
-        if recorded.sent:
-            acks = [(sent.msg_id, sent.receipt) for sent in recorded.sent]
-            store.finish(conn, acks, self.settings.mark_mode)
+        if acks:
+            store.finish(conn, acks, self.settings.mark_mode, by_row_id=True)
         if failures:
             now = store.db_clock(conn)  # after the publish: backoff counts from the failure
             for failure in failures:
