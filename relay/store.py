@@ -9,9 +9,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Delete,
     Select,
@@ -35,58 +36,78 @@ from outbox.table import DEAD, PENDING, SENT, db_now, outbox_message
 t = outbox_message
 
 
-def mark_sent_stmt(acks: Sequence[tuple[str, str]]) -> Update:
-    """-- mark_sent -- one UPDATE for a batch of (msg_id, receipt) acks, any database.
+# Acks name their rows by msg_id (the fast path: it holds the messages) or by row id
+# (the sweeper: it claimed the rows; an int array is cheaper to build and send than a
+# UUID one, and needs no text -> UUID parse per row).
+
+
+def _keyed(keys: Sequence[Any], by_row_id: bool) -> tuple[Any, list[Any]]:
+    """The column the keys match, and the keys as the column holds them."""
+    if by_row_id:
+        return t.c.id, list(keys)
+    return t.c.msg_id, [uuid.UUID(str(k)) for k in keys]
+
+
+def mark_sent_stmt(acks: Sequence[tuple[Any, str]], by_row_id: bool = False) -> Update:
+    """-- mark_sent -- one UPDATE for a batch of (msg_id or row id, receipt) acks, any database.
 
     A CASE per row: its cost grows with the square of the batch, fine for the small
     batches SQLite and MariaDB see. PostgreSQL uses MARK_SENT_PG instead.
     """
-    receipts = {uuid.UUID(msg_id): receipt for msg_id, receipt in acks}
+    column, keys = _keyed([key for key, _ in acks], by_row_id)
+    receipts = dict(zip(keys, (receipt for _, receipt in acks), strict=True))
     return (
         update(t)
-        .where(t.c.msg_id.in_(list(receipts)), t.c.status == PENDING)
-        .values(status=SENT, sent_at=db_now(), receipt=case(receipts, value=t.c.msg_id))
+        .where(column.in_(keys), t.c.status == PENDING)
+        .values(status=SENT, sent_at=db_now(), receipt=case(receipts, value=column))
     )
 
 
-_acked = (
-    func.unnest(
-        bindparam("ack_ids", type_=postgresql.ARRAY(Uuid())),
-        bindparam("ack_receipts", type_=postgresql.ARRAY(String())),
+def _mark_sent_pg(column: Any, key_type: Any) -> Update:
+    """-- mark_sent (PostgreSQL) -- the receipts as two arrays joined on the key: one
+    statement whatever the batch size, compiled once, linear work."""
+    acked = (
+        func.unnest(
+            bindparam("ack_keys", type_=postgresql.ARRAY(key_type)),
+            bindparam("ack_receipts", type_=postgresql.ARRAY(String())),
+        )
+        .table_valued("ack_key", "ack_receipt")
+        .render_derived(name="acked")
     )
-    .table_valued("ack_msg_id", "ack_receipt")
-    .render_derived(name="acked")
-)
-# -- mark_sent (PostgreSQL) -- the receipts as two arrays joined on msg_id: one
-# statement whatever the batch size, compiled once, linear work.
-MARK_SENT_PG = (
-    update(t)
-    .where(t.c.msg_id == _acked.c.ack_msg_id, t.c.status == PENDING)
-    .values(status=SENT, sent_at=db_now(), receipt=_acked.c.ack_receipt)
-)
+    return (
+        update(t)
+        .where(column == acked.c.ack_key, t.c.status == PENDING)
+        .values(status=SENT, sent_at=db_now(), receipt=acked.c.ack_receipt)
+    )
 
 
-def mark_sent(conn: Connection, acks: Sequence[tuple[str, str]]) -> int:
+MARK_SENT_PG = {False: _mark_sent_pg(t.c.msg_id, Uuid()), True: _mark_sent_pg(t.c.id, BigInteger())}
+
+
+def mark_sent(conn: Connection, acks: Sequence[tuple[Any, str]], by_row_id: bool = False) -> int:
     if conn.dialect.name != "postgresql":
-        return conn.execute(mark_sent_stmt(acks)).rowcount
+        return conn.execute(mark_sent_stmt(acks, by_row_id)).rowcount
     params = {
-        "ack_ids": [uuid.UUID(msg_id) for msg_id, _ in acks],
+        "ack_keys": _keyed([key for key, _ in acks], by_row_id)[1],
         "ack_receipts": [receipt for _, receipt in acks],
     }
-    return conn.execute(MARK_SENT_PG, params).rowcount
+    return conn.execute(MARK_SENT_PG[by_row_id], params).rowcount
 
 
-def delete_sent_stmt(acks: Sequence[tuple[str, str]]) -> Delete:
+def delete_sent_stmt(acks: Sequence[tuple[Any, str]], by_row_id: bool = False) -> Delete:
     """-- delete_sent -- the original's mode: acknowledged rows are removed at once."""
-    ids = [uuid.UUID(msg_id) for msg_id, _ in acks]
-    return delete(t).where(t.c.msg_id.in_(ids), t.c.status == PENDING)
+    column, keys = _keyed([key for key, _ in acks], by_row_id)
+    return delete(t).where(column.in_(keys), t.c.status == PENDING)
 
 
-def finish(conn: Connection, acks: Sequence[tuple[str, str]], mode: str) -> int:
-    """Mark (``keep``) or delete (``delete``) acknowledged rows; returns how many changed."""
+def finish(
+    conn: Connection, acks: Sequence[tuple[Any, str]], mode: str, by_row_id: bool = False
+) -> int:
+    """Mark (``keep``) or delete (``delete``) acknowledged rows; returns how many changed.
+    Each ack is (msg_id, receipt), or (row id, receipt) with ``by_row_id``."""
     if mode == "keep":
-        return mark_sent(conn, acks)
-    return conn.execute(delete_sent_stmt(acks)).rowcount
+        return mark_sent(conn, acks, by_row_id)
+    return conn.execute(delete_sent_stmt(acks, by_row_id)).rowcount
 
 
 def pending_among(conn: Connection, msg_ids: Sequence[str]) -> set[str]:
@@ -110,6 +131,21 @@ LOAD_PAYLOAD_BYTES = 4 * 1024 * 1024
 MIN_INLINE_BYTES = 1024
 
 
+class Claimed(NamedTuple):
+    """One claimed row, as the sweeper reads it (a tuple: attribute access on an
+    SQLAlchemy Row costs about a microsecond, which adds up over a batch of 500)."""
+
+    id: int
+    msg_id: Any  # uuid.UUID from the Uuid column
+    topic: str
+    key: str | None
+    tags: str | None
+    headers: Any  # JSON: a dict for rows send() wrote
+    attempts: int
+    payload: bytes | None  # None when left out by size (see load_payloads) or NULL
+    size: int | None
+
+
 def claim_due_stmt(
     cutoff: datetime, now: datetime, limit: int, due_only: bool = True, after_id: int | None = None
 ) -> Select[Any]:
@@ -117,13 +153,14 @@ def claim_due_stmt(
 
     SKIP LOCKED lets any number of sweepers run at once: each takes rows no other
     transaction holds. No id cursor: a row that commits late (a long transaction)
-    is found by its created_at like any other. ``payload`` is NULL when it is bigger
-    than its share of LOAD_PAYLOAD_BYTES (``size`` says how big): see load_payloads.
+    is found by its created_at like any other. The columns are Claimed's; ``payload``
+    is NULL when it is bigger than its share of LOAD_PAYLOAD_BYTES (``size`` says how
+    big): see load_payloads.
     """
     size = func.length(t.c.payload)
     inline = max(MIN_INLINE_BYTES, LOAD_PAYLOAD_BYTES // limit)
     columns = [
-        *(c for c in t.c if c.name != "payload"),
+        *(t.c[name] for name in Claimed._fields[:-2]),
         case((size <= inline, t.c.payload)).label("payload"),
         size.label("size"),
     ]
@@ -143,6 +180,10 @@ def claim_due_stmt(
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
+
+
+def claim(conn: Connection, stmt: Select[Any]) -> list[Claimed]:
+    return [Claimed._make(row) for row in conn.execute(stmt)]
 
 
 def load_payloads(conn: Connection, rows: Sequence[Any]) -> dict[int, bytes]:

@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -142,6 +143,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
         raise OutboxError(f"broker {mask_url(args.broker)} unreachable; nothing was touched")
     sweeper = Sweeper(engine, relay, Settings())
     progress = Progress(total) if sys.stderr.isatty() else None
+    started = time.monotonic()
     try:
         result = sweeper.sweep(args.concurrency, min_age_s=0, due_only=False, on_batch=progress)
         for _ in range(DRAIN_PASSES - 1):  # failed rows are pending again: give them more tries
@@ -156,9 +158,11 @@ def cmd_drain(args: argparse.Namespace) -> int:
         engine.dispose()
         if progress:
             progress.close()
+    seconds = time.monotonic() - started
     print(
         f"drained: sent={result.sent} retry_later={result.failed} dead={result.dead}",
-        f"of {total} pending" + (" (stopped: broker unreachable)" if result.aborted else ""),
+        f"of {total} pending in {seconds:.2f} s ({result.sent / max(seconds, 1e-9):,.0f} msg/s)"
+        + (" (stopped: broker unreachable)" if result.aborted else ""),
     )
     ok = result.failed == 0 and result.dead == 0 and not result.aborted
     return EXIT_OK if ok else EXIT_FAILED

@@ -7,6 +7,7 @@ other rows of its batch are published and marked exactly once.
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -15,11 +16,12 @@ import pytest
 from sqlalchemy import Engine
 
 from outbox.config import Settings
+from outbox.message import Message
 from outbox.table import DEAD, PENDING, SENT
 from relay import store
 from relay.brokers.base import PublishResult, permanent, retry
 from relay.loop import BrokerLoop
-from relay.sweeper import Sweeper, checked_message
+from relay.sweeper import KnownForms, Sweeper, checked_message
 from relay.testing.faults import Fault, FaultyBroker
 from relay.testing.memory import MemoryBroker
 from tests.helpers import migrated, running
@@ -130,3 +132,21 @@ def test_a_null_payload_is_the_row_own_fault() -> None:
     result = checked_message(row)  # type: ignore[arg-type]
     assert isinstance(result, PublishResult) and result.error is not None
     assert result.error.startswith("invalid row: payload: is NULL")
+
+
+def test_known_forms_skip_only_what_already_passed() -> None:
+    """A row of a form that passed recheck is not checked again; any other row is, and
+    a form that cannot be hashed (a list among the headers) is never remembered."""
+    known = KnownForms()
+
+    def row(msg_id: object = None, topic: str = "p.x", headers: object = None) -> store.Claimed:
+        return store.Claimed(1, msg_id or uuid.uuid4(), topic, None, None, headers, 0, b"{}", 2)
+
+    good = row(headers={"a": "1"})
+    assert isinstance(checked_message(good, None, known), Message)
+    assert known.seen(row(headers={"a": "1"}))
+    assert not known.seen(row(msg_id=str(uuid.uuid4()), headers={"a": "1"}))  # text: checked
+    bad = checked_message(row(topic="p x", headers={"a": "1"}), None, known)
+    assert isinstance(bad, PublishResult) and not bad.ok
+    listed = checked_message(row(headers={"a": ["1"]}), None, known)
+    assert isinstance(listed, PublishResult) and not known.seen(row(headers={"a": ["1"]}))
