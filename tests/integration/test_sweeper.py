@@ -192,11 +192,12 @@ def test_retention_purges_only_old_sent_rows(engine: Engine, loops: list[BrokerL
 
 
 class CountingBroker(Broker):
-    """Wraps a real adapter and counts every publish it is asked to make."""
+    """Wraps a real adapter and counts every publish it is asked to make, and the failed."""
 
     def __init__(self, inner: Broker) -> None:
         self.inner = inner
         self.counts: Counter[str] = Counter()
+        self.failed: Counter[str] = Counter()
         self.lock = threading.Lock()
 
     async def connect(self) -> None:
@@ -205,7 +206,10 @@ class CountingBroker(Broker):
     async def publish(self, messages: Sequence[Message]) -> list[PublishResult]:
         with self.lock:
             self.counts.update(m.msg_id for m in messages)
-        return await self.inner.publish(messages)
+        results = await self.inner.publish(messages)
+        with self.lock:
+            self.failed.update(m.msg_id for m, r in zip(messages, results, strict=True) if not r.ok)
+        return results
 
     async def close(self) -> None:
         await self.inner.close()
@@ -231,7 +235,10 @@ def test_four_sweepers_share_a_backlog_without_double_publishing(
         th.join()
     counts = sum((b.counts for b in brokers), Counter())
     assert set(counts) == set(ids)
-    assert max(counts.values()) == 1, "a row was published by two sweepers"
+    # A publish that failed (a JetStream ack timing out on a loaded machine) is retried,
+    # maybe by another sweeper: that is at least once. Only a second claim repeats a success.
+    repeats = counts - sum((b.failed for b in brokers), Counter())
+    assert max(repeats.values()) == 1, "a row was published by two sweepers"
     assert all(sum(b.counts.values()) > 0 for b in brokers), (
         "every sweeper should have taken a share"
     )
