@@ -6,6 +6,7 @@ copy inside the stream's duplicate window, 2 minutes by default); key and tags -
 
 URL: ``nats://[user:pass@]host:port[?stream=NAME&subjects=a.>,b.>&timeout=1]``.
 With ``stream`` and ``subjects`` the stream is created on connect if it is missing.
+``timeout``: how long one ``publish`` call (a batch) waits for all its acks.
 
 Reading back: ``read_stream`` fetches every stored message by sequence (exact, for
 checks and the comparison's delivery tracker); ``read_log`` streams a window of one or
