@@ -61,6 +61,7 @@ PERMANENT_ERRORS = (
     nats.errors.BadSubjectError,
     nats.errors.BadHeaderError,
 )
+_read_json = json.JSONDecoder().decode
 TIMED_OUT = f"TimeoutError: {nats.errors.TimeoutError()}"  # what js.publish's timeout said
 
 
@@ -246,7 +247,7 @@ def ack_result(msg: Msg, topic: str) -> PublishResult:
     if not msg.data and msg.headers and msg.headers.get("Status") == NO_RESPONDERS_STATUS:
         return permanent(f"no JetStream stream captures subject {topic!r}")
     try:
-        ack = json.loads(msg.data)
+        ack = _read_json(msg.data.decode())  # from str: json.loads(bytes) sniffs encodings
         if "error" in ack:
             return api_error(ack["error"])
         return ok(f"{ack['stream']}:{ack['seq']}", duplicate=bool(ack.get("duplicate")))
