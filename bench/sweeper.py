@@ -3,9 +3,10 @@
 Run with `make bench` (or `python -m bench.sweeper --rows 100000`). A JetStream consumer
 runs in its own process throughout, pulling and acknowledging every message (issue #17's
 condition). Baseline in the same run: the same number of messages published by one
-pipelined JetStream publisher (the adapter's own batch publish, 500 at a time), with no
-database involved. Figures: msg/s over the whole process (start-up included) and as the
-drain itself counts it (steady), and CPU per message (the publisher's, or the drain
+pipelined JetStream publisher (plain nats-py ``js.publish``, 500 in flight at a time), with
+no database involved; next to it, the relay's NATS adapter publishing the same way.
+Figures: msg/s over the whole process (start-up included) and as the drain itself counts
+it (steady), and CPU per message (the publisher's, or the drain
 processes' user+system time; the database and nats-server are not counted).
 """
 
@@ -20,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from sqlalchemy.pool import NullPool
 from bench.fast_path import bench_schema
 from bench.report import print_rows
 from outbox import migrate, outbox_message
-from outbox.message import build_message
+from outbox.message import Message, build_message, sent_headers
 from relay import store
 from relay.brokers.nats import NatsBroker, create_stream
 from relay.testing.embedded import NatsServer
@@ -116,21 +118,55 @@ def drain_with_workers(db: str, broker: str, workers: int, concurrency: int) -> 
 
 
 def raw_publish_rate(url: str, rows: int, topic: str) -> Rate:
+    """The baseline: plain nats-py ``js.publish``, 500 in flight at a time (no adapter)."""
+
+    async def main() -> Rate:
+        nc = await nats.connect(url, name="bench-raw")
+        js = nc.jetstream(timeout=5)
+        messages = [build_message(topic, {"n": n}, max_payload_bytes=1000) for n in range(rows)]
+
+        async def batch(chunk: list[Message]) -> None:
+            await asyncio.gather(
+                *(js.publish(m.topic, m.payload, headers=sent_headers(m)) for m in chunk)
+            )
+
+        rate = await timed(rows, messages, batch)
+        await nc.close()
+        return rate
+
+    return asyncio.run(main())
+
+
+def adapter_publish_rate(url: str, rows: int, topic: str) -> Rate:
+    """The relay's NATS adapter alone, 500 messages per ``publish`` call (no database)."""
+
     async def main() -> Rate:
         broker = NatsBroker(url)
         await broker.connect()
         messages = [build_message(topic, {"n": n}, max_payload_bytes=1000) for n in range(rows)]
-        cpu = time.process_time()
-        started = time.monotonic()
-        for start in range(0, rows, 500):
-            results = await broker.publish(messages[start : start + 500])
+
+        async def batch(chunk: list[Message]) -> None:
+            results = await broker.publish(chunk)
             assert all(r.ok for r in results), [r.error for r in results if not r.ok][:1]
-        elapsed = time.monotonic() - started
-        cpu = time.process_time() - cpu
+
+        rate = await timed(rows, messages, batch)
         await broker.close()
-        return Rate(rows / elapsed, rows / elapsed, cpu / rows * 1e6)
+        return rate
 
     return asyncio.run(main())
+
+
+async def timed(
+    rows: int, messages: list[Message], batch: Callable[[list[Message]], Awaitable[None]]
+) -> Rate:
+    """Publish ``messages`` 500 at a time with ``batch``: msg/s and CPU per message."""
+    cpu = time.process_time()
+    started = time.monotonic()
+    for start in range(0, rows, 500):
+        await batch(messages[start : start + 500])
+    elapsed = time.monotonic() - started
+    cpu = time.process_time() - cpu
+    return Rate(rows / elapsed, rows / elapsed, cpu / rows * 1e6)
 
 
 def consume(url: str) -> None:
@@ -185,8 +221,10 @@ def main() -> None:
         url = f"{server.url}?stream={STREAM}&subjects={SUBJECTS}&timeout=5"
         try:
             for workers in (1, 2):  # a baseline next to each drain: the load drifts
-                raw = raw_publish_rate(url, args.rows, f"sweep.raw{workers}")
-                table.append(row("raw pipelined JetStream publish", raw, raw))
+                raw = raw_publish_rate(server.url, args.rows, f"sweep.raw{workers}")
+                table.append(row("raw pipelined JetStream publish (nats-py js.publish)", raw, raw))
+                adapter = adapter_publish_rate(url, args.rows, f"sweep.adapter{workers}")
+                table.append(row("the NATS adapter's publish, no database", adapter, raw))
                 with bench_schema() as db:
                     migrate.upgrade(db)
                     seed(db, args.rows, f"sweep.w{workers}")

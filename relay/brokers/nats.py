@@ -6,6 +6,7 @@ copy inside the stream's duplicate window, 2 minutes by default); key and tags -
 
 URL: ``nats://[user:pass@]host:port[?stream=NAME&subjects=a.>,b.>&timeout=1]``.
 With ``stream`` and ``subjects`` the stream is created on connect if it is missing.
+``timeout``: how long one ``publish`` call (a batch) waits for all its acks.
 
 Reading back: ``read_stream`` fetches every stored message by sequence (exact, for
 checks and the comparison's delivery tracker); ``read_log`` streams a window of one or
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -26,7 +29,8 @@ from urllib.parse import parse_qs, urlsplit
 import nats
 import nats.errors
 import nats.js.errors
-from nats.aio.client import Client
+from nats.aio.client import NO_RESPONDERS_STATUS, Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 
@@ -50,16 +54,26 @@ from relay.brokers.base import (
 log = logging.getLogger("relay.brokers.nats")
 
 
-# Failures that will not go away by publishing the same message again.
+# Failures, raised while sending, that will not go away by publishing the same message
+# again. A PubAck with an API error of code 400 is one too (see ack_result).
 PERMANENT_ERRORS = (
     nats.errors.MaxPayloadError,
     nats.errors.BadSubjectError,
     nats.errors.BadHeaderError,
-    nats.js.errors.BadRequestError,
 )
+_read_json = json.JSONDecoder().decode
+TIMED_OUT = f"TimeoutError: {nats.errors.TimeoutError()}"  # what js.publish's timeout said
 
 
 class NatsBroker(Broker):
+    """Publishes with one reply subscription for all acks, not ``js.publish``.
+
+    ``js.publish`` is a request per message: a random inbox token, a future and a
+    timer each, a PubAck dataclass. Here each message gets a counter token on one
+    wildcard inbox, the ack's JSON is read in place, and a ``publish`` call (a batch)
+    has one deadline for all its messages. The outcomes are those of ``js.publish``.
+    """
+
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
         query = parse_qs(parts.query)
@@ -78,6 +92,9 @@ class NatsBroker(Broker):
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self._closing = False
+        self._inbox = ""  # "<reply prefix>.": acks come to "<reply prefix>.<token>"
+        self._tokens = itertools.count()
+        self._awaited: dict[str, tuple[_Batch, int]] = {}  # token -> (batch, index in it)
 
     async def connect(self) -> None:
         self._nc = await nats.connect(
@@ -91,12 +108,15 @@ class NatsBroker(Broker):
             reconnected_cb=self._on_reconnected,
         )
         self._js = self._nc.jetstream(timeout=self.timeout)
-        if self.stream:
-            try:
+        try:
+            # One subscription for every ack; nats-py subscribes it again on reconnect.
+            self._inbox = self._nc.new_inbox() + "."
+            await self._nc.subscribe(self._inbox + "*", cb=self._on_ack)
+            if self.stream:
                 await self.ensure_stream(self.stream, self.subjects)
-            except BaseException:
-                await self.close()  # the next connect() starts clean: no leaked connection
-                raise
+        except BaseException:
+            await self.close()  # the next connect() starts clean: no leaked connection
+            raise
 
     async def ensure_stream(self, name: str, subjects: list[str]) -> None:
         """Create the stream if missing; an existing one is left as it is."""
@@ -108,37 +128,77 @@ class NatsBroker(Broker):
             log.info("created JetStream stream %s for %s", name, ",".join(subjects))
 
     async def publish(self, messages: Sequence[Message]) -> list[PublishResult]:
-        if self._js is None or self._nc is None or not self._nc.is_connected:
+        nc = self._nc
+        if nc is None or not nc.is_connected:
             # Fail fast while reconnecting: waiting out the timeout would stretch the
             # retry schedule past the hand-off limit.
             return [retry(NOT_CONNECTED) for _ in messages]
-        if len(messages) == 1:  # the common case at low rates: no gather, no extra task
-            return [await self._publish_one(messages[0])]
-        return list(await asyncio.gather(*(self._publish_one(m) for m in messages)))
+        batch = _Batch(messages, asyncio.get_running_loop().create_future())
+        try:
+            for index, message in enumerate(messages):
+                if (result := await self._send(nc, batch, index, message)) is not None:
+                    batch.results[index] = result
+            return await self._acks(batch)
+        finally:
+            for token in batch.tokens:  # a late ack for any of these is ignored
+                self._awaited.pop(token, None)
 
-    async def _publish_one(self, message: Message) -> PublishResult:
-        """One message's outcome; an exception about this message never escapes."""
-        assert self._js is not None
+    async def _send(
+        self, nc: Client, batch: _Batch, index: int, message: Message
+    ) -> PublishResult | None:
+        """Send one message with its reply token; its outcome now if it has one already."""
         if nats_reserved(message.topic):  # a command to the server, never a message: refuse
             return permanent(f"subject {message.topic!r:.80} is reserved by the NATS server")
+        token = ""
         try:
             headers = sent_headers(message)
-            if self._nc is not None and (error := too_large(self._nc, message.payload, headers)):
+            if error := too_large(nc, message.payload, headers):
                 return permanent(error)
-            ack = await self._js.publish(message.topic, message.payload, headers=headers)
-        except (nats.js.errors.NoStreamResponseError, nats.errors.NoRespondersError):
-            return permanent(f"no JetStream stream captures subject {message.topic!r}")
+            token = str(next(self._tokens))
+            self._awaited[token] = (batch, index)  # before: the ack may come while sending
+            batch.expect(token)
+            await nc.publish(message.topic, message.payload, self._inbox + token, headers)
         except PERMANENT_ERRORS as exc:
-            return permanent(f"{type(exc).__name__}: {exc}")
+            return self._unsent(batch, token, permanent(f"{type(exc).__name__}: {exc}"))
         except (TimeoutError, nats.errors.Error, OSError) as exc:
-            return retry(f"{type(exc).__name__}: {exc}")
+            return self._unsent(batch, token, retry(f"{type(exc).__name__}: {exc}"))
         except Exception as exc:  # encoding, a client library's TypeError: this message's own
-            return unexpected(exc)
-        return ok(f"{ack.stream}:{ack.seq}", duplicate=bool(ack.duplicate))
+            return self._unsent(batch, token, unexpected(exc))
+        return None
+
+    def _unsent(self, batch: _Batch, token: str, result: PublishResult) -> PublishResult:
+        if token and self._awaited.pop(token, None) is not None:
+            batch.waiting -= 1
+        return result
+
+    async def _acks(self, batch: _Batch) -> list[PublishResult]:
+        """Wait for the batch's acks, up to one deadline for all; the rest time out."""
+        batch.sent = True
+        if batch.waiting:
+            timer = asyncio.get_running_loop().call_later(self.timeout, batch.give_up)
+            try:
+                await batch.done
+            finally:
+                timer.cancel()
+        return [result or retry(TIMED_OUT) for result in batch.results]
+
+    async def _on_ack(self, msg: Msg) -> None:
+        awaited = self._awaited.pop(msg.subject[len(self._inbox) :], None)
+        if awaited is not None:  # else late: its batch timed out, or it is not ours
+            batch, index = awaited
+            batch.settle(index, ack_result(msg, batch.messages[index].topic))
+
+    def _fail_awaited(self, error: str) -> None:
+        """Every message waiting for an ack: retry now (the ack cannot come on this
+        connection); a copy that was stored anyway is dropped by its msg_id."""
+        awaited, self._awaited = self._awaited, {}
+        for batch, index in awaited.values():
+            batch.settle(index, retry(error))
 
     async def close(self) -> None:
         nc, self._nc, self._js = self._nc, None, None
         self._closing = True
+        self._fail_awaited(NOT_CONNECTED)
         if nc is not None and not nc.is_closed:
             await nc.close()
 
@@ -146,11 +206,64 @@ class NatsBroker(Broker):
         log.warning("nats %s: %s", mask_url(self.url), exc)
 
     async def _on_disconnected(self) -> None:
+        self._fail_awaited(NOT_CONNECTED)
         if not self._closing:
             log.warning("nats %s: disconnected", mask_url(self.url))
 
     async def _on_reconnected(self) -> None:
         log.info("nats %s: reconnected", mask_url(self.url))
+
+
+class _Batch:
+    """The messages of one ``publish`` call and their outcomes as they come."""
+
+    __slots__ = ("done", "messages", "results", "sent", "tokens", "waiting")
+
+    def __init__(self, messages: Sequence[Message], done: asyncio.Future[None]) -> None:
+        self.messages = messages
+        self.results: list[PublishResult | None] = [None] * len(messages)
+        self.done = done  # set when the last awaited ack has come (or at the deadline)
+        self.tokens: list[str] = []
+        self.waiting = 0  # acks awaited
+        self.sent = False  # every message handed to the client
+
+    def expect(self, token: str) -> None:
+        self.tokens.append(token)
+        self.waiting += 1
+
+    def settle(self, index: int, result: PublishResult) -> None:
+        self.results[index] = result
+        self.waiting -= 1
+        if not self.waiting and self.sent:
+            self.give_up()
+
+    def give_up(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+def ack_result(msg: Msg, topic: str) -> PublishResult:
+    """The outcome a PubAck (or the server's no-responders status) tells."""
+    if not msg.data and msg.headers and msg.headers.get("Status") == NO_RESPONDERS_STATUS:
+        return permanent(f"no JetStream stream captures subject {topic!r}")
+    try:
+        ack = _read_json(msg.data.decode())  # from str: json.loads(bytes) sniffs encodings
+        if "error" in ack:
+            return api_error(ack["error"])
+        return ok(f"{ack['stream']}:{ack['seq']}", duplicate=bool(ack.get("duplicate")))
+    except Exception as exc:  # not a PubAck: as js.publish's own failure to read it
+        return unexpected(exc)
+
+
+def api_error(error: dict[str, Any]) -> PublishResult:
+    """JetStream refused the message: code 400 is for good, anything else may pass later."""
+    try:
+        nats.js.errors.APIError.from_error(error)  # raises the error nats-py would raise
+    except nats.js.errors.BadRequestError as exc:
+        return permanent(f"{type(exc).__name__}: {exc}")
+    except nats.js.errors.APIError as exc:
+        return retry(f"{type(exc).__name__}: {exc}")
+    raise AssertionError("APIError.from_error returned")
 
 
 def too_large(nc: Client, payload: bytes, headers: dict[str, str]) -> str | None:
