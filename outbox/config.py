@@ -341,8 +341,6 @@ def timeouts(url: URL, connect_s: float, read_s: float | None) -> dict[str, Any]
         args["connect_timeout"] = max(2, math.ceil(connect_s))
     elif backend in ("mysql", "mariadb"):  # PyMySQL reads the server's greeting with read_timeout
         args = {"connect_timeout": connect_s, "read_timeout": connect_s}
-    elif url.get_driver_name() == "aiomysql":  # no read timeout: a silent host hangs it
-        args["connect_timeout"] = connect_s
         if read_s is not None:
             args["write_timeout"] = read_s
     elif backend == "sqlite":  # how long a write waits for another's lock

@@ -127,6 +127,10 @@ class AckBatcher:
     def _run(self) -> None:
         while (batch := self._next_batch()) is not None:
             self._write(batch)
+        with self._cond:  # closed before these were written: their rows stay pending
+            left, self._waiting = self._waiting, []
+        if left:
+            self.listeners.left_for_sweeper([msg_id for msg_id, *_ in left], "stopped")
 
     def _next_batch(self) -> list[tuple[str, str, str, float | None]] | None:
         """The next batch once full or ``flush_ms`` after its first ack; None once closed."""
@@ -185,6 +189,9 @@ class AckBatcher:
                     "marking %d acked message(s) failed: %s", len(batch), exc.__class__.__name__
                 )
                 continue
+            except Exception:  # a listener or driver bug: this batch's, never the thread's end
+                log.exception("marking %d acked message(s) failed", len(batch))
+                break
             if self.listeners:  # hooks run on the loop, like the fast path's others
                 self._on_loop(self._published, batch, changed)
             else:

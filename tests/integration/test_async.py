@@ -191,6 +191,8 @@ def test_asyncpg_takes_libpq_options_as_server_settings() -> None:
     assert timeouts(url, 1.5, None) == {"timeout": 1.5}
     asyncmy = timeouts(url.set(drivername="mysql+asyncmy"), 1.5, None)
     assert asyncmy == {"connect_timeout": 1.5, "read_timeout": 1.5}, "its handshake reads too"
+    pymysql = timeouts(url.set(drivername="mysql+pymysql"), 1.5, 30)
+    assert pymysql == {"connect_timeout": 1.5, "read_timeout": 1.5, "write_timeout": 30}
 
 
 @pytest.mark.parametrize("given", ["url", "engine"])

@@ -68,6 +68,30 @@ def running(finisher: Finisher) -> Iterator[Run]:
         dispatcher.stop(2)  # a no-op for one the test stopped itself
 
 
+def test_an_unexpected_error_marking_one_batch_leaves_the_next_marked(
+    finisher: Finisher, running: Run
+) -> None:
+    """A listener's or driver's bug fails that batch alone: the acks thread goes on."""
+    failures = iter([ValueError("a before_cursor_execute hook raised")])
+
+    def finish(acks: Sequence[tuple[str, str]]) -> int:
+        if (error := next(failures, None)) is not None:
+            raise error
+        return finisher(acks)
+
+    d = Dispatcher(MemoryBroker(), finish, FAST)
+    d.start()
+    try:
+        first, second = messages(1), messages(3)
+        d.submit(first)
+        wait_until(lambda: d.stats.mark_failed == 1, what="the first batch given up")
+        d.submit(second)
+        wait_until(lambda: len(finisher.marked) == 3, what="the next batch marked")
+        assert finisher.marked == [m.msg_id for m in second]
+    finally:
+        d.stop(2)
+
+
 def test_every_message_published_once_and_marked_in_batches(
     finisher: Finisher, running: Run
 ) -> None:

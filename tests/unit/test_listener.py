@@ -29,6 +29,7 @@ from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper, SweepResult
 from relay.testing.faults import FaultyBroker
 from relay.testing.memory import MemoryBroker
+from tests.helpers import wait_until
 from tests.planting import plant, row_of
 
 FAST = Settings(retry_delays_ms=(0, 5, 10, 20), ack_flush_ms=2)
@@ -143,7 +144,7 @@ def running() -> Iterator[Run]:
         broker: Broker,
         listener: RelayListener,
         settings: Settings = FAST,
-        finisher: Finisher | None = None,
+        finisher: Callable[[Sequence[tuple[str, str]]], int] | None = None,
     ) -> Dispatcher:
         dispatcher = Dispatcher(broker, finisher or Finisher(), settings, listener=listener)
         dispatcher.start()
@@ -234,6 +235,27 @@ def test_acks_whose_marking_failed_are_left_for_the_sweeper(running: Run) -> Non
     running(MemoryBroker(), heard, finisher=Finisher(fail=True)).submit(batch)
     heard.wait(lambda: len(heard.ids("left_for_sweeper", "mark_failed")) == 5, timeout=5)
     assert not heard.items("published"), "published means marked"
+
+
+def test_acks_still_waiting_when_the_relay_stops_are_left_for_the_sweeper(running: Run) -> None:
+    """stop()'s deadline passed while a mark hung: the acks behind it are told, not dropped."""
+    heard, release, writing = Recorder(), threading.Event(), threading.Event()
+
+    def hanging(acks: Sequence[tuple[str, str]]) -> int:
+        writing.set()
+        release.wait(10)
+        return len(acks)
+
+    d = running(MemoryBroker(), heard, finisher=hanging)
+    d.submit(messages(1))
+    assert writing.wait(5), "the first mark started"
+    behind = messages(3)
+    d.submit(behind)
+    wait_until(lambda: d.stats.published == 4, what="four acks")
+    d.stop(0.3)
+    release.set()
+    heard.wait(lambda: len(heard.ids("left_for_sweeper", "stopped")) == 3)
+    assert sorted(heard.ids("left_for_sweeper", "stopped")) == sorted(m.msg_id for m in behind)
 
 
 def test_every_message_ends_in_exactly_one_fast_path_outcome(running: Run) -> None:
