@@ -114,11 +114,14 @@ async def this_project(urls: Urls, tuned: bool) -> Adapter:
             return
         extra = ["--concurrency", "4"] if tuned else []
         cmd = [OUTBOX, "drain", "--db", urls.sync_db, "--broker", broker, *extra]
-        drain.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
+        drain.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
 
     def stop_relay() -> None:
-        if drain:
-            drain.pop().wait()
+        if drain:  # its log lines would flood the table; shown only when it failed
+            proc = drain.pop()
+            _, errors = proc.communicate()
+            if proc.returncode:
+                raise RuntimeError(f"outbox drain failed: {errors.decode()[-500:]}")
         if started:
             started.pop().stop()
 
