@@ -192,7 +192,7 @@ class AckBatcher:
             except Exception:  # a listener or driver bug: this batch's, never the thread's end
                 log.exception("marking %d acked message(s) failed", len(batch))
                 break
-            if self.listeners:  # hooks run on the loop, like the fast path's others
+            if self.listeners:  # published runs on the loop, like the fast path's others
                 self._on_loop(self._published, batch, changed)
             else:
                 self.stats.marked += changed

@@ -143,6 +143,9 @@ class Dispatcher:
             log.warning("stop: the relay loop did not answer in time")
         self._acks.close()  # done by _shutdown already unless the loop did not answer
         self._acks.join(max(0.0, deadline - time.monotonic()))
+        if left := [d.message.msg_id for d in self._take_inbox_now()]:  # the loop did not answer
+            self.stats.dropped_at_stop += len(left)
+            self.listeners.left_for_sweeper(left, "stopped")
         self._loop = None
         if self._owns_loop:
             self.relay.stop(max(0.0, deadline - time.monotonic()))
@@ -173,10 +176,14 @@ class Dispatcher:
             self._accepting = True
 
     def _take_inbox(self) -> None:
+        if deliveries := self._take_inbox_now():  # empty when _shutdown took them first
+            self._enqueue(deliveries)
+
+    def _take_inbox_now(self) -> list[Delivery]:
+        """What was submitted, with its wake-up done or still on its way (any thread)."""
         with self._count_lock:
             deliveries, self._inbox, self._woken = self._inbox, [], False
-        if deliveries:  # empty when _shutdown took them first
-            self._enqueue(deliveries)
+        return deliveries
 
     def _enqueue(self, deliveries: list[Delivery]) -> None:
         if self._stopping:  # raced with stop(): the rows stay for the sweeper
@@ -324,8 +331,7 @@ class Dispatcher:
 
     async def _shutdown(self, deadline: float) -> None:
         self._stopping = True
-        with self._count_lock:  # submitted, with the wake-up still on its way
-            inbox, self._inbox, self._woken = self._inbox, [], False
+        inbox = self._take_inbox_now()
         left = [d.message.msg_id for d in (*inbox, *self._queue, *self._wheel.clear())]
         self._queue.clear()
         self.stats.dropped_at_stop += len(left)

@@ -10,7 +10,8 @@ Pass it to ``Outbox(..., listener=...)`` (or ``Outbox.add_listener``), or to a
                 pager.send(f"{f.topic} {f.msg_id} is dead: {f.error}")
 
 Hooks are called once per batch, with every message of the batch that ended the same
-way, on the relay's own threads (the fast path's loop, a sweeper's thread), except
+way, on the relay's own threads (the fast path's loop or, for acks it could not mark,
+its acks thread; a sweeper's thread), except
 ``left_for_sweeper(reason="queue_full")``, which runs on the app thread whose commit
 found msgQueue full. Keep them cheap and non-blocking: the relay waits for them. An
 exception a hook raises is logged and swallowed; it never stops or repeats a message.

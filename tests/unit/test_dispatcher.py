@@ -92,6 +92,19 @@ def test_an_unexpected_error_marking_one_batch_leaves_the_next_marked(
         d.stop(2)
 
 
+def test_a_stop_the_blocked_loop_never_answered_leaves_the_inbox_for_the_sweeper(
+    running: Run,
+) -> None:
+    """Commits waiting for the loop's wake-up are told "stopped" by stop() itself."""
+    stalled = FaultyBroker(MemoryBroker(), {}, stall_s=2.5)  # blocks the loop: time.sleep
+    d = running(stalled)
+    d.submit(messages(1))
+    wait_until(lambda: stalled.stalls == 1, what="the loop blocked")
+    d.submit(messages(2))  # in the inbox, their wake-up queued behind the stall
+    d.stop(0.1)
+    assert d.stats.dropped_at_stop == 2
+
+
 def test_every_message_published_once_and_marked_in_batches(
     finisher: Finisher, running: Run
 ) -> None:
