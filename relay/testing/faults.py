@@ -55,8 +55,10 @@ class FaultyBroker(Broker):
     that message is in the batch, before anything is forwarded: an adapter that lets one
     message's exception escape ``asyncio.gather`` does the same. Healthy messages go to
     ``inner`` in one call; ``forwarded`` counts how often each msg_id was handed on.
-    ``stall_s``: every ``stall_every``-th publish call first blocks the thread it runs
-    on (``time.sleep``, not an await) for that long; ``stalls`` counts them.
+    ``stall_s``: the first publish call and every ``stall_every``-th after it first block
+    the thread they run on (``time.sleep``, not an await) for that long; ``stalls`` counts
+    them. The first call always stalls, so a test that asks for stalls gets one however
+    the relay batches its publishes.
     """
 
     def __init__(
@@ -78,7 +80,7 @@ class FaultyBroker(Broker):
 
     async def publish(self, messages: Sequence[Message]) -> list[PublishResult]:
         self.calls += 1
-        if self.stall_s and self.calls % self.stall_every == 0:
+        if self.stall_s and (self.calls - 1) % self.stall_every == 0:
             self.stalls += 1
             time.sleep(self.stall_s)  # blocking on purpose: whichever loop runs this stalls
         faults = [self._fault(m) for m in messages]
@@ -286,7 +288,8 @@ class MarkKiller:
 
 
 class StalledStatements:
-    """Blocks every ``every``-th SQL statement ``engine`` runs on the relay's threads.
+    """Blocks the first SQL statement ``engine`` runs on the relay's threads and every
+    ``every``-th after it (the first always, however few statements the relay batches into).
 
     The relay marks acks and re-reads rows on its own threads (named ``outbox-...``);
     a slow or locked database makes those statements wait ``seconds`` like this. On
@@ -304,7 +307,7 @@ class StalledStatements:
     def _before(self, *_: Any) -> None:
         if threading.current_thread().name.startswith(self.THREADS):
             self.statements += 1
-            if self.statements % self.every == 0:
+            if (self.statements - 1) % self.every == 0:
                 self.stalls += 1
                 time.sleep(self.seconds)
 
