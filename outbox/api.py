@@ -37,8 +37,8 @@ from outbox.config import (
 )
 from outbox.errors import ConfigError, WrongDatabase
 from outbox.message import Message, build_message
-from outbox.target import mismatch
 from outbox.table import outbox_message
+from outbox.target import mismatch
 from outbox.tracking import remember, stage
 
 if TYPE_CHECKING:  # types only: the relay itself is imported by start()
@@ -99,7 +99,7 @@ class Outbox:
             source = db if isinstance(db, str) else given_url(self._async_engine)  # with options
             self.engine = engine_from(sync_url(make_url(source)), timeout)
             if differs := mismatch(self._async_engine.sync_engine, self.engine):
-                raise ConfigError(f"db: the relay's sync engine would reach another table ({differs})")
+                raise ConfigError(f"db: the relay's engine would reach another table ({differs})")
         else:
             self.engine = engine_from(db, timeout)
         self.session_factory: sessionmaker[Session] = sessionmaker(self.engine)

@@ -124,7 +124,8 @@ def _sqlite(engine: Engine, cargs: list[Any], params: dict[str, Any], schema: st
         name = f":memory: of engine {id(engine):#x}"
     else:
         name = os.path.realpath(name)
-    return Target("sqlite", database=name, schema=(schema,) if schema not in (None, "main") else None)
+    attached = (schema,) if schema not in (None, "main") else None
+    return Target("sqlite", database=name, schema=attached)
 
 
 def _replace(target: Target, **changes: Any) -> Target:

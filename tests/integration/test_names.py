@@ -60,7 +60,7 @@ def test_a_plain_name_is_accepted(name: str) -> None:
 
 
 def test_a_prefix_leaves_room_for_the_scratch_suffix() -> None:
-    with pytest.raises(ConfigError, match="^prefix: must be 1 to 50 characters"):
+    with pytest.raises(ConfigError, match=r"^prefix: must be 1 to 50 characters"):
         scratch_schema(PG_URL, "x" * 51).__enter__()
 
 
