@@ -32,13 +32,13 @@ from outbox.config import (
     given_url,
     is_async_url,
     mask_url,
-    same_database,
     sync_url,
     url_of,
 )
 from outbox.errors import ConfigError, WrongDatabase
 from outbox.message import Message, build_message
 from outbox.table import outbox_message
+from outbox.target import mismatch
 from outbox.tracking import remember, stage
 
 if TYPE_CHECKING:  # types only: the relay itself is imported by start()
@@ -98,6 +98,8 @@ class Outbox:
             # Its own sync engine: an async engine's sync_engine cannot run on another thread.
             source = db if isinstance(db, str) else given_url(self._async_engine)  # with options
             self.engine = engine_from(sync_url(make_url(source)), timeout)
+            if differs := mismatch(self._async_engine.sync_engine, self.engine):
+                raise ConfigError(f"db: the relay's engine would reach another table ({differs})")
         else:
             self.engine = engine_from(db, timeout)
         self.session_factory: sessionmaker[Session] = sessionmaker(self.engine)
@@ -332,10 +334,10 @@ class Outbox:
             self._async_engine is not None and engine is self._async_engine.sync_engine
         ):
             return session
-        if not same_database(engine.url, self.engine.url):
+        if differs := mismatch(engine, self.engine):  # worked out once per engine
             raise WrongDatabase(
-                f"session: bound to {url_of(engine)}, "
-                f"but this outbox writes to {url_of(self.engine)}"
+                f"session: bound to {url_of(engine)}, but this outbox writes to "
+                f"{url_of(self.engine)}: another table ({differs})"
             )
         return session
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import math
 import re
-import shlex
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
@@ -18,6 +17,8 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from outbox.errors import ConfigError
+from outbox.names import check_name
+from outbox.target import connect_params, libpq_escape, libpq_words, search_path_setting
 
 CONNECT_TIMEOUT_S = 10.0  # a database host that does not answer fails after this
 RETRY_DELAYS_MS = (0, 5, 10, 25, 50, 100, 200, 300, 500, 800, 1000, 1000, 1000)
@@ -278,22 +279,30 @@ def through(url: URL, driver: str) -> URL:
     return url.set(drivername=f"{backend}+{driver}")
 
 
-def same_database(a: URL, b: URL) -> bool:
-    """Do ``a`` and ``b`` name one database, whatever driver each goes through?"""
-    if "asyncpg" in (a.get_driver_name(), b.get_driver_name()):
-        # asyncpg takes libpq's options as server_settings, outside the URL: not comparable.
-        a, b = a.difference_update_query(["options"]), b.difference_update_query(["options"])
-    return a.set(drivername=a.get_backend_name()) == b.set(drivername=b.get_backend_name())
-
-
 # The URL each AsyncEngine made here was asked for: asyncpg's engine URL has lost libpq's
 # ``options`` (moved into server_settings), which the relay's sync engine still needs.
 _given_urls: weakref.WeakKeyDictionary[AsyncEngine, URL] = weakref.WeakKeyDictionary()
 
 
 def given_url(engine: AsyncEngine) -> URL:
-    """The URL ``engine`` was made from by ``async_engine_from``, else its own."""
-    return _given_urls.get(engine, engine.url)
+    """The URL ``engine`` was made from by ``async_engine_from``, else its own.
+
+    An app's own PostgreSQL AsyncEngine may set the search_path in ``connect_args``
+    (asyncpg's ``server_settings``, psycopg's ``options``): it joins the URL's ``options``.
+    """
+    given = _given_urls.get(engine)
+    if given is not None:
+        return given
+    url = engine.url
+    if url.get_backend_name() != "postgresql" or "options" in url.query:
+        return url
+    params = connect_params(engine.sync_engine)[1]
+    if isinstance(params.get("options"), str):
+        return url.update_query_dict({"options": params["options"]})
+    path = search_path_setting(params)
+    if path is None:
+        return url
+    return url.update_query_dict({"options": f"-csearch_path={libpq_escape(path)}"})
 
 
 def async_engine_from(
@@ -319,8 +328,8 @@ def async_engine_from(
 
 def server_settings(options: str) -> dict[str, str]:
     """libpq's ``options`` (``-c name=value`` ...) as asyncpg's server_settings."""
-    words = shlex.split(options)
-    settings = [w[2:] if w.startswith("-c") and len(w) > 2 else w for w in words if w != "-c"]
+    words = libpq_words(options)  # split as the server splits them, for libpq drivers
+    settings = [w[2:] if w[:2] in ("-c", "--") else w for w in words if w != "-c"]
     if any("=" not in s for s in settings):
         raise ValueError(f"options: only -c name=value settings are supported, got {options!r}")
     return dict(s.split("=", 1) for s in settings)
@@ -379,5 +388,9 @@ def with_query(db: str, **params: str) -> str:
 
 
 def schema_url(db: str, schema: str) -> str:
-    """A PostgreSQL URL whose connections see only ``schema`` (search_path)."""
-    return with_query(db, options=f"-csearch_path={schema}")
+    """A PostgreSQL URL whose connections see only ``schema`` (search_path).
+
+    ``schema`` must follow outbox.names' rule (ConfigError otherwise): it lands in libpq's
+    ``options``, where a space would start another server option.
+    """
+    return with_query(db, options=f"-csearch_path={check_name('schema', schema)}")

@@ -6,22 +6,30 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import text
 from sqlalchemy.pool import NullPool
+from sqlalchemy.schema import CreateSchema, DropSchema
 
 from outbox.config import engine_from, schema_url
+from outbox.names import NAME_MAX, check_name
+
+SUFFIX = 13  # "_" and 12 hex digits
 
 
 @contextmanager
 def scratch_schema(db: str, prefix: str = "scratch") -> Iterator[str]:
-    """A new, empty PostgreSQL schema for the block (its URL), dropped afterwards."""
-    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    """A new, empty PostgreSQL schema for the block (its URL), dropped afterwards.
+
+    ``prefix`` follows outbox.names' rule, in at most 50 characters (the schema is
+    ``{prefix}_{12 hex digits}``); anything else raises ConfigError before connecting.
+    """
+    schema = check_name("prefix", prefix, NAME_MAX - SUFFIX) + f"_{uuid.uuid4().hex[:12]}"
+    url = schema_url(db, schema)
     admin = engine_from(db, poolclass=NullPool)
     with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+        conn.execute(CreateSchema(schema))  # quoted by the dialect, should the rule ever widen
     try:
-        yield schema_url(db, schema)
+        yield url
     finally:
         with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+            conn.execute(DropSchema(schema, cascade=True))
         admin.dispose()
