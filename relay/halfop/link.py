@@ -65,10 +65,15 @@ class _Connection:
         nc = await nats.connect(
             servers=[self.url], reconnect_time_wait=0.2, max_reconnect_attempts=-1
         )
+        try:
+            result = self._on_connect(nc)
+            if asyncio.iscoroutine(result):
+                await result
+        except BaseException:
+            await nc.close()
+            raise
+        # Only now: start() waits for nc, and the half stream must exist by then.
         self.nc = nc
-        result = self._on_connect(nc)
-        if asyncio.iscoroutine(result):
-            await result
 
     async def close(self) -> None:
         nc, self.nc = self.nc, None
