@@ -46,7 +46,7 @@ class Stats:
     """Counters of one dispatcher; read them from any thread."""
 
     accepted: int = 0
-    queue_full: int = 0  # left in the table because the fast path held queue_size messages
+    queue_full: int = 0  # left in the table: the fast path held queue_size messages
     held: int = 0  # messages the fast path holds now (Slots), at most queue_size
     held_peak: int = 0  # the most it ever held at once
     published: int = 0
