@@ -52,6 +52,7 @@ bench: $(STAMP) services
 	$(PY) -m bench.poison
 	$(PY) -m bench.reconcile
 	$(PY) -m bench.async_app
+	$(PY) -m bench.outage
 
 # The peer comparison (bench/peers.py): faststream-outbox, nats-outbox and this project,
 # one after the other. PEERS_ARGS, e.g. `--seconds 5 --rows 5000` or `--only nats-outbox`.

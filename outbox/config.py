@@ -70,7 +70,9 @@ class Settings:
     # keep: mark rows sent and keep them for the reconciliation ledger; delete: remove them.
     mark_mode: str = "keep"
     # The fast path (relay.dispatcher).
-    queue_size: int = 10_000  # msgQueue bound; past it, messages wait for the sweeper
+    # Messages the fast path holds in memory at once, wherever they wait (queued, waiting
+    # to retry, in flight, acked but not yet marked); past it, commits wait for the sweeper.
+    queue_size: int = 10_000
     retry_delays_ms: tuple[float, ...] = RETRY_DELAYS_MS  # the attempts of one message
     tick_ms: float = 5.0  # time wheel resolution
     handoff_limit_s: float = 8.0  # older messages are left to the sweeper

@@ -18,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from relay import store
 from relay.listener import Listeners, Sent
-from relay.stats import Stats
+from relay.stats import Slots, Stats
 
 log = logging.getLogger("relay.acks")
 
@@ -64,6 +64,9 @@ def sql_verifier(engine: Engine) -> Verify:
 class AckBatcher:
     """Collects acks from the relay loop; one thread of its own waits, batches and writes them.
 
+    Each ack's message still holds its fast-path slot (``slots``) until its batch is
+    marked or given up to the sweeper: then the thread frees the batch's slots.
+
     The loop only appends an ack (and wakes the thread when it was idle): no timer, task
     or executor future per batch and, unless listeners want to hear ``published`` (on
     the loop), no wake-up of the loop when a write ends: at low rates, one ack per
@@ -77,8 +80,10 @@ class AckBatcher:
         batch_size: int = 256,
         flush_ms: float = 50.0,
         listeners: Listeners | None = None,
+        slots: Slots | None = None,
     ) -> None:
         self._finish = finish
+        self._slots = slots
         self.stats = stats
         self.listeners = Listeners() if listeners is None else listeners
         self.batch_size = batch_size
@@ -87,6 +92,7 @@ class AckBatcher:
         self._first_at = 0.0  # time.monotonic() when the first of _waiting came
         self._writing = False
         self._closing = False
+        self._ended = False  # the thread took its last acks: add() refuses more
         self._now = False  # drain(): write what waits without waiting out flush_ms
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._loop = asyncio.get_running_loop()  # made on the loop, by the dispatcher
@@ -94,14 +100,18 @@ class AckBatcher:
         self._thread = threading.Thread(target=self._run, name="outbox-acks", daemon=True)
         self._thread.start()
 
-    def add(self, msg_id: str, receipt: str, topic: str, latency_s: float | None) -> None:
+    def add(self, msg_id: str, receipt: str, topic: str, latency_s: float | None) -> bool:
+        """Queue one ack for marking; False once the thread has ended (nobody would)."""
         with self._cond:
+            if self._ended:
+                return False
             self._waiting.append((msg_id, receipt, topic, latency_s))
             if len(self._waiting) == 1:
                 self._first_at = time.monotonic()
                 self._cond.notify()
             elif len(self._waiting) == self.batch_size:
                 self._cond.notify()
+            return True
 
     async def drain(self) -> None:
         """Write everything waiting and wait for writes in progress."""
@@ -126,11 +136,19 @@ class AckBatcher:
 
     def _run(self) -> None:
         while (batch := self._next_batch()) is not None:
-            self._write(batch)
+            try:
+                self._write(batch)
+            finally:  # marked or given up: these messages left the fast path
+                self._free(len(batch))
         with self._cond:  # closed before these were written: their rows stay pending
-            left, self._waiting = self._waiting, []
+            left, self._waiting, self._ended = self._waiting, [], True
+        self._free(len(left))
         if left:
             self.listeners.left_for_sweeper([msg_id for msg_id, *_ in left], "stopped")
+
+    def _free(self, n: int) -> None:
+        if self._slots is not None:
+            self._slots.free(n)
 
     def _next_batch(self) -> list[tuple[str, str, str, float | None]] | None:
         """The next batch once full or ``flush_ms`` after its first ack; None once closed."""

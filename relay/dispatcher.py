@@ -1,7 +1,9 @@
 """The fast path: committed messages go from memory to the broker within milliseconds.
 
 After COMMIT the app thread hands its messages to ``submit`` (never blocking: when
-msgQueue is full they stay in the table for the sweeper). One background thread runs
+the fast path already holds ``queue_size`` messages they stay in the table for the
+sweeper; ``relay.stats.Slots`` counts every message held, from commit until it is
+marked or given up, wherever it waits). One background thread runs
 an asyncio loop that keeps many publishes in flight; an ack goes to the AckBatcher, a
 retryable failure to the TimeWheel for its next attempt. When the retry schedule is
 spent, or a message is older than the hand-off limit, it leaves memory and waits in
@@ -28,7 +30,7 @@ from relay.brokers import Broker
 from relay.brokers.base import Outcome, PublishResult, publish_isolated, retry
 from relay.listener import Failed, Listeners, RelayListener
 from relay.loop import BrokerLoop
-from relay.stats import Stats
+from relay.stats import Slots, Stats
 from relay.timewheel import TimeWheel
 
 log = logging.getLogger("relay.dispatcher")
@@ -50,6 +52,10 @@ class Settled:
     rejected: list[Failed] = field(default_factory=list)
     exhausted: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
+
+    def left(self) -> int:
+        """How many of the batch left the fast path (the retried stay)."""
+        return len(self.rejected) + len(self.exhausted) + len(self.stopped)
 
     def tell(self, listeners: Listeners) -> None:
         if self.retried:
@@ -77,6 +83,7 @@ class Dispatcher:
         self.broker = self.relay.broker
         self.settings = settings or Settings()
         self.stats = Stats()
+        self._slots = Slots(self.settings.queue_size, self.stats)
         self.listeners = Listeners.of(listener)
         self._clock = clock
         self._finish = finish
@@ -92,20 +99,17 @@ class Dispatcher:
     def submit(self, messages: Sequence[Message], check: bool = True) -> int:
         """Queue committed messages for publishing; returns how many were taken.
 
-        Never blocks: a message not taken (queue full, relay stopped) is still in the
-        table and the sweeper will publish it. ``check``: re-read the rows before
-        publishing (the commit could not be proven by the app side).
+        Never blocks: a message not taken (the fast path holds ``queue_size`` messages
+        already, relay stopped) is still in the table and the sweeper will publish it.
+        ``check``: re-read the rows before publishing (the commit could not be proven
+        by the app side).
         """
         loop = self._loop
         now = self._clock()
         check = check and self._verify is not None
         with self._count_lock:
-            room = self.settings.queue_size - len(self._inbox)
-            taken = (
-                len(messages)
-                if self._accepting and loop is not None and room >= len(messages)
-                else 0
-            )
+            live = self._accepting and loop is not None
+            taken = len(messages) if live and self._slots.take(len(messages)) else 0
             full = taken == 0 and self._accepting
             if full:
                 self.stats.queue_full += len(messages)
@@ -144,6 +148,7 @@ class Dispatcher:
         self._acks.close()  # done by _shutdown already unless the loop did not answer
         self._acks.join(max(0.0, deadline - time.monotonic()))
         if left := [d.message.msg_id for d in self._take_inbox_now()]:  # the loop did not answer
+            self._slots.free(len(left))
             self.stats.dropped_at_stop += len(left)
             self.listeners.left_for_sweeper(left, "stopped")
         self._loop = None
@@ -168,6 +173,7 @@ class Dispatcher:
             self.settings.ack_batch_size,
             self.settings.ack_flush_ms,
             self.listeners,
+            self._slots,
         )
         self._verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-verify")
         self._ticker = asyncio.create_task(self._tick())
@@ -187,8 +193,7 @@ class Dispatcher:
 
     def _enqueue(self, deliveries: list[Delivery]) -> None:
         if self._stopping:  # raced with stop(): the rows stay for the sweeper
-            self.stats.dropped_at_stop += len(deliveries)
-            self.listeners.left_for_sweeper([d.message.msg_id for d in deliveries], "stopped")
+            self._stopped(deliveries)
             return
         self.stats.accepted += len(deliveries)
         self._queue.extend(deliveries)
@@ -223,12 +228,13 @@ class Dispatcher:
             else:
                 batch.append(delivery)
         if too_old:
+            self._slots.free(len(too_old))
             self.stats.too_old += len(too_old)
             self.listeners.left_for_sweeper(too_old, "too_old")
         return batch
 
     async def _publish(self, taken: list[Delivery]) -> None:
-        batch: list[Delivery] = []
+        batch = taken  # what this task still holds: all of it until the check is done
         settled = Settled()
         try:
             batch = await self._committed_only(taken, settled)
@@ -236,6 +242,9 @@ class Dispatcher:
             with publish_span(messages):
                 # One message's exception is that message's: it never fails its batch.
                 results = await publish_isolated(self.broker, messages) if batch else []
+        except asyncio.CancelledError:  # the loop closes (stop's deadline): leave them
+            self._stopped(batch, settled)
+            raise
         except Exception as exc:  # a bug must not lose the batch from the schedule
             log.exception("broker.publish raised")
             results = [PublishResult(Outcome.RETRY, error=repr(exc)) for _ in batch]
@@ -244,9 +253,18 @@ class Dispatcher:
         now = self._clock()
         for delivery, result in zip(batch, results, strict=True):
             self._settle(delivery, result, now, settled)
+        self._slots.free(settled.left())
         settled.tell(self.listeners)
         if not self._stopping:
             self._dispatch()
+
+    def _stopped(self, deliveries: Sequence[Delivery], settled: Settled | None = None) -> None:
+        """Leave ``deliveries`` (and what ``settled`` let go) to the sweeper at stop."""
+        settled = settled or Settled()
+        settled.stopped += [d.message.msg_id for d in deliveries]
+        self.stats.dropped_at_stop += len(deliveries)
+        self._slots.free(settled.left())
+        settled.tell(self.listeners)
 
     async def _committed_only(self, batch: list[Delivery], settled: Settled) -> list[Delivery]:
         """Keep the deliveries whose rows are visible and pending; retry the others later.
@@ -287,6 +305,10 @@ class Dispatcher:
         """(messages in msgQueue, messages in the time wheel), for metrics; any thread."""
         return len(self._queue), len(self._wheel)
 
+    def held(self) -> int:
+        """Messages the fast path holds now, wherever they wait: at most ``queue_size``."""
+        return self._slots.held
+
     def _settle(
         self, delivery: Delivery, result: PublishResult, now: float, settled: Settled
     ) -> None:
@@ -297,7 +319,11 @@ class Dispatcher:
             self.stats.first_attempt += delivery.attempt == 0
             self.stats.duplicates += result.duplicate
             self.stats.latencies.append(latency)
-            self._acks.add(message.msg_id, result.receipt or "", message.topic, latency)
+            if self._acks.add(message.msg_id, result.receipt or "", message.topic, latency):
+                return
+            # Acked after stop() closed the acks thread: nobody marks it; the sweeper will.
+            self.stats.dropped_at_stop += 1
+            settled.stopped.append(message.msg_id)
             return
         failed = Failed(message.msg_id, message.topic, delivery.attempt + 1, result.error or "")
         if result.outcome is Outcome.PERMANENT:
@@ -325,18 +351,17 @@ class Dispatcher:
                 continue
             await asyncio.sleep(self._wheel.next_due_in())
             due = self._wheel.advance()
-            if due and not self._stopping:
+            if due and self._stopping:  # none by construction: _shutdown emptied the wheel
+                self._stopped(due)
+            elif due:
                 self._queue.extend(due)
                 self._dispatch()
 
     async def _shutdown(self, deadline: float) -> None:
         self._stopping = True
-        inbox = self._take_inbox_now()
-        left = [d.message.msg_id for d in (*inbox, *self._queue, *self._wheel.clear())]
+        left = [*self._take_inbox_now(), *self._queue, *self._wheel.clear()]
         self._queue.clear()
-        self.stats.dropped_at_stop += len(left)
-        if left:
-            self.listeners.left_for_sweeper(left, "stopped")
+        self._stopped(left)
         try:
             await asyncio.wait_for(self._finish_in_flight(), max(0.0, deadline - time.monotonic()))
         except TimeoutError:

@@ -13,8 +13,9 @@ Hooks are called once per batch, with every message of the batch that ended the 
 way, on the relay's own threads (the fast path's loop or, for acks it could not mark,
 its acks thread; a sweeper's thread), except
 ``left_for_sweeper(reason="queue_full")``, which runs on the app thread whose commit
-found msgQueue full. Keep them cheap and non-blocking: the relay waits for them. An
-exception a hook raises is logged and swallowed; it never stops or repeats a message.
+found the fast path full (holding ``queue_size`` messages). Keep them cheap and
+non-blocking: the relay waits for them. An exception a hook raises is logged and
+swallowed; it never stops or repeats a message.
 
 Each message handed to the fast path ends in exactly one of ``published(path="fast")``,
 ``rejected`` or ``left_for_sweeper``, possibly after some ``retried``. A row the
@@ -36,9 +37,9 @@ log = logging.getLogger("relay.listener")
 
 Path = Literal["fast", "sweeper"]
 # Why the fast path let a message go; its row stays pending for the sweeper.
-# queue_full: msgQueue had no room at commit; exhausted: the retry schedule is spent;
-# too_old: past the hand-off limit; mark_failed: acked, but marking the row failed (it
-# will be published again); stopped: still queued or waiting to retry at stop().
+# queue_full: the fast path held queue_size messages at commit; exhausted: the retry
+# schedule is spent; too_old: past the hand-off limit; mark_failed: acked, but marking
+# the row failed (it will be published again); stopped: still held at stop().
 Reason = Literal["queue_full", "exhausted", "too_old", "mark_failed", "stopped"]
 
 

@@ -12,7 +12,8 @@ A worker: ``outbox relay --metrics-port 9464`` serves ``/metrics`` itself.
 
 Metrics: ``outbox_messages_sent_total{path}``, ``outbox_messages_retried_total{path}``
 (path = fast or sweeper), ``outbox_messages_swept_total``, ``outbox_messages_dead_total``,
-``outbox_messages_left_for_sweeper_total{reason}``, ``outbox_queue_depth``,
+``outbox_messages_left_for_sweeper_total{reason}``, ``outbox_messages_held`` (all the
+fast path holds, at most ``queue_size``), ``outbox_queue_depth``,
 ``outbox_timewheel_size``, ``outbox_commit_to_ack_seconds`` (histogram),
 ``outbox_sweep_batch_size`` and ``outbox_sweep_duration_seconds`` (histograms).
 """
@@ -129,8 +130,14 @@ def fast_path_metrics(counts: RelayCounts, dispatcher: Dispatcher) -> list[Metri
     for reason, count in counts.left.items():
         left.add_metric([reason], count)
     queue, wheel = dispatcher.depths()
+    held = dispatcher.held()
     return [
         left,
+        GaugeMetricFamily(
+            "outbox_messages_held",
+            "Messages the fast path holds in memory (at most queue_size)",
+            value=held,
+        ),
         GaugeMetricFamily("outbox_queue_depth", "Messages waiting in msgQueue", value=queue),
         GaugeMetricFamily("outbox_timewheel_size", "Messages waiting to retry", value=wheel),
         histogram(

@@ -59,6 +59,7 @@ def test_metrics_endpoint_counts_what_the_relay_did(
     assert samples['outbox_commit_to_ack_seconds_bucket{le="+Inf"}'] == 7
     assert 0 < samples["outbox_commit_to_ack_seconds_sum"] < 7 * 5
     assert samples["outbox_queue_depth"] == 0 and samples["outbox_timewheel_size"] == 0
+    assert samples["outbox_messages_held"] == 0  # all 7 marked: every slot freed
     assert samples['outbox_messages_sent_total{path="sweeper"}'] == 0  # the in-app sweeper
     assert 'outbox_messages_left_for_sweeper_total{reason="queue_full"}' in samples
 

@@ -9,12 +9,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
+from sqlalchemy.exc import OperationalError
 
 from outbox.config import Settings
 from outbox.message import Message, build_message
 from relay.brokers import Broker
 from relay.brokers.base import Outcome, PublishResult, permanent, publish_isolated, retry
 from relay.dispatcher import Dispatcher
+from relay.listener import Failed, Path, Reason, RelayListener, Sent
 from relay.testing.faults import FaultyBroker
 from relay.testing.memory import MemoryBroker
 from tests.helpers import wait_until
@@ -261,3 +263,211 @@ def test_an_adapter_answering_the_wrong_count_is_asked_one_by_one() -> None:
     results = asyncio.run(publish_isolated(broker, good))
     assert all(r.ok for r in results) and len(results) == 4
     assert len({m.msg_id for m in broker.published}) == 4
+
+
+# -- queue_size bounds every message the fast path holds ---------------------------------
+
+
+class Ends(RelayListener):
+    """Counts each message's one end on the fast path: published, rejected or left."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ends: Counter[str] = Counter()
+
+    def published(self, sent: Sequence[Sent], path: Path) -> None:
+        with self.lock:
+            self.ends["published"] += len(sent)
+
+    def rejected(self, failed: Sequence[Failed]) -> None:
+        with self.lock:
+            self.ends["rejected"] += len(failed)
+
+    def left_for_sweeper(self, msg_ids: Sequence[str], reason: Reason) -> None:
+        with self.lock:
+            self.ends[reason] += len(msg_ids)
+
+    def total(self, *but: str) -> int:
+        with self.lock:
+            return sum(n for end, n in self.ends.items() if end not in but)
+
+
+def bounded(
+    broker: Broker,
+    finish: Callable[[Sequence[tuple[str, str]]], int],
+    settings: Settings,
+    verify: Callable[[Sequence[str]], set[str]] | None = None,
+) -> tuple[Dispatcher, Ends]:
+    ends = Ends()
+    d = Dispatcher(broker, finish, settings, verify=verify, listener=ends)
+    d.start()
+    return d, ends
+
+
+def all_freed(d: Dispatcher, ends: Ends, taken: int, end: str, timeout: float = 30) -> None:
+    """Every message taken ended once, by ``end``, and its slot is free again."""
+    wait_until(lambda: ends.total("queue_full") == taken, timeout, f"{taken} ends")
+    wait_until(lambda: d.held() == 0, timeout, "every slot freed")
+    assert ends.ends[end] == taken, ends.ends
+    assert ends.total("queue_full") == taken, ends.ends
+
+
+def test_queue_size_counts_the_time_wheel_not_only_the_inbox(finisher: Finisher) -> None:
+    """Broker down, one commit at a time: retries waiting in the wheel hold their slots,
+    so after ``queue_size`` messages every further commit stays in the table."""
+    slow = Settings(queue_size=10, retry_delays_ms=(0, 60_000), handoff_limit_s=9)
+    d, ends = bounded(MemoryBroker(policy=lambda m: retry("down")), finisher, slow)
+    try:
+        taken = 0
+        for message in messages(100):
+            taken += d.submit([message])
+            assert d.held() <= 10
+            wait_until(lambda: d.depths() == (0, d.held()), what="the retry in the wheel")
+        assert taken == 10 and d.stats.queue_full == 90 and d.stats.held_peak == 10
+        assert ends.ends["queue_full"] == 90
+    finally:
+        d.stop(2)
+    all_freed(d, ends, 10, "stopped")
+
+
+def test_acks_waiting_to_be_marked_hold_their_slots(finisher: Finisher) -> None:
+    """The database is slow: published messages still hold slots until marked."""
+    gate = threading.Event()
+
+    def slow_finish(acks: Sequence[tuple[str, str]]) -> int:
+        gate.wait(30)
+        return finisher(acks)
+
+    d, ends = bounded(MemoryBroker(), slow_finish, Settings(queue_size=20, ack_flush_ms=2))
+    try:
+        assert d.submit(messages(20)) == 20
+        wait_until(lambda: d.stats.published == 20, what="20 acks")
+        assert d.held() == 20 and d.submit(messages(1)) == 0
+        gate.set()
+        all_freed(d, ends, 20, "published")
+        assert d.submit(messages(5)) == 5
+        all_freed(d, ends, 25, "published")
+    finally:
+        gate.set()
+        d.stop(2)
+
+
+def test_a_slot_is_freed_when_rejected(finisher: Finisher) -> None:
+    d, ends = bounded(MemoryBroker(policy=lambda m: permanent("unroutable")), finisher, FAST)
+    try:
+        assert d.submit(messages(7)) == 7
+        all_freed(d, ends, 7, "rejected")
+    finally:
+        d.stop(2)
+
+
+def test_a_slot_is_freed_when_the_schedule_is_spent(finisher: Finisher) -> None:
+    d, ends = bounded(MemoryBroker(policy=lambda m: retry("down")), finisher, FAST)
+    try:
+        assert d.submit(messages(7)) == 7
+        all_freed(d, ends, 7, "exhausted")
+    finally:
+        d.stop(2)
+
+
+def test_a_slot_is_freed_when_the_batch_call_raises_until_spent(finisher: Finisher) -> None:
+    """A connection failure fails every attempt of the batch: retried, then exhausted."""
+    batch = messages(4)
+    broker = FaultyBroker(MemoryBroker(), {batch[0].msg_id: ConnectionResetError("reset")})
+    d, ends = bounded(broker, finisher, FAST)
+    try:
+        assert d.submit(batch) == 4
+        all_freed(d, ends, 4, "exhausted")
+    finally:
+        d.stop(2)
+
+
+def test_a_slot_is_freed_when_the_row_never_becomes_visible(finisher: Finisher) -> None:
+    d, ends = bounded(MemoryBroker(), finisher, FAST, verify=lambda ids: set())
+    try:
+        assert d.submit(messages(3)) == 3
+        all_freed(d, ends, 3, "exhausted")
+        assert d.stats.not_visible == 3 * len(FAST.retry_delays_ms)
+    finally:
+        d.stop(2)
+
+
+def test_a_slot_is_freed_when_too_old(finisher: Finisher) -> None:
+    d, ends = bounded(MemoryBroker(), finisher, FAST)
+    try:
+        old = Message(
+            "0190c2a0-0000-7000-8000-000000000001", "t.x", b"x", born=time.monotonic() - 9
+        )
+        assert d.submit([old]) == 1
+        all_freed(d, ends, 1, "too_old")
+    finally:
+        d.stop(2)
+
+
+@pytest.mark.parametrize(
+    "error", [OperationalError("UPDATE", {}, Exception("gone")), KeyError("bug")]
+)
+def test_a_slot_is_freed_when_marking_fails(error: Exception) -> None:
+    def finish(acks: Sequence[tuple[str, str]]) -> int:
+        raise error
+
+    d, ends = bounded(MemoryBroker(), finish, FAST)
+    try:
+        assert d.submit(messages(5)) == 5
+        all_freed(d, ends, 5, "mark_failed")
+    finally:
+        d.stop(2)
+
+
+def test_slots_of_queued_and_waiting_retries_are_freed_at_stop(finisher: Finisher) -> None:
+    d, ends = bounded(MemoryBroker(policy=lambda m: retry("down")), finisher, Settings())
+    assert d.submit(messages(6)) == 6
+    wait_until(lambda: d.stats.retried >= 6, what="retries waiting")
+    d.stop(2)
+    all_freed(d, ends, 6, "stopped")
+
+
+def test_slots_of_publishes_cut_by_the_stop_deadline_are_freed(finisher: Finisher) -> None:
+    broker = MemoryBroker(delay=60)
+    d, ends = bounded(broker, finisher, FAST)
+    assert d.submit(messages(4)) == 4
+    wait_until(lambda: broker.batches >= 1, what="a publish in flight")
+    d.stop(0.2)
+    all_freed(d, ends, 4, "stopped")
+
+
+def test_slots_of_acks_unmarked_at_stop_are_freed_when_the_write_ends(
+    finisher: Finisher,
+) -> None:
+    gate, writing = threading.Event(), threading.Event()
+
+    def slow_finish(acks: Sequence[tuple[str, str]]) -> int:
+        writing.set()
+        gate.wait(30)
+        return finisher(acks)
+
+    settings = Settings(ack_flush_ms=2, ack_batch_size=1)
+    d, ends = bounded(MemoryBroker(), slow_finish, settings)
+    assert d.submit(messages(3)) == 3
+    wait_until(writing.is_set, what="the first mark running")
+    wait_until(lambda: d.stats.published == 3, what="3 acks")
+    d.stop(0.2)  # the write goes on past the deadline, on the acks thread
+    assert d.held() == 3
+    gate.set()
+    wait_until(lambda: d.held() == 0, what="every slot freed")
+    # The first was marked (its "published" would be told on the loop, closed by now);
+    # the two behind it were never written: left for the sweeper.
+    assert len(finisher.marked) == 1 and ends.ends["stopped"] == 2
+
+
+def test_slots_of_the_inbox_a_blocked_loop_never_took_are_freed_at_stop(
+    finisher: Finisher,
+) -> None:
+    stalled = FaultyBroker(MemoryBroker(), {}, stall_s=2.5)
+    d, ends = bounded(stalled, finisher, FAST)
+    assert d.submit(messages(1)) == 1
+    wait_until(lambda: stalled.stalls == 1, what="the loop blocked")
+    assert d.submit(messages(2)) == 2
+    d.stop(0.1)
+    wait_until(lambda: d.held() == 0, what="every slot freed")
+    assert d.stats.held_peak == 3 and ends.ends["stopped"] >= 2
