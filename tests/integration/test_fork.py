@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
@@ -186,3 +187,42 @@ def test_the_fork_hook_keeps_no_outbox_alive(pg_url: str) -> None:
     del ob
     gc.collect()
     assert gone() is None
+
+
+def test_an_async_outbox_in_a_child_sends_by_the_fast_path(
+    pg_url: str, nats_server: NatsServer, stream: tuple[str, str], tmp_path: Path
+) -> None:
+    """asyncpg: the child's AsyncSessions get connections of their own (a fresh async pool)."""
+    migrate.upgrade(pg_url)
+    name, prefix = stream
+    fast = FastPath()
+    db = pg_url.replace("postgresql+psycopg://", "postgresql+asyncpg://")
+    ob = Outbox(db, f"{nats_server.url}?stream={name}&subjects={prefix}.>", listener=fast, **NO_SWEEP)
+    ob.start()
+
+    @ob.transactional
+    async def send(session: AsyncSession, n: int) -> str:
+        return ob.send(session, f"{prefix}.fork", {"n": n})
+
+    async def send_all(first: int) -> list[str]:
+        ids = [await send(first + n) for n in range(10)]
+        await ob.async_engine.dispose()  # its connections belong to this event loop
+        return ids
+
+    try:
+        before = asyncio.run(send_all(0))
+
+        def child() -> list[str]:
+            ids = asyncio.run(send_all(100))
+            wait_until(lambda: fast.ids >= set(ids), timeout=60, what="the child's fast path")
+            ob.stop()
+            return ids
+
+        from_child = in_child(child, tmp_path / "child.json")
+        after = asyncio.run(send_all(200))
+        wait_until(lambda: fast.ids >= set(before + after), timeout=30, what="the parent's sends")
+        wait_until(lambda: pending(pg_url) == 0, timeout=30, what="every row marked sent")
+    finally:
+        ob.stop()
+    delivered = [m.msg_id for m in asyncio.run(read_stream(nats_server.url, name))]
+    assert sorted(delivered) == sorted(before + from_child + after)
