@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -109,8 +109,9 @@ def delivered_once(nats_server: NatsServer, name: str, pg_url: str, served: Serv
     seen = Counter(m.msg_id for m in asyncio.run(read_stream(nats_server.url, name)))
     lost, phantom = set(served) - set(seen), set(seen) - set(served)
     duplicates = sum(n - 1 for n in seen.values())
-    print(f"\ncommitted {len(served)} in {len(set(served.values()))} workers, delivered "
-          f"{len(seen)}, lost {len(lost)}, phantom {len(phantom)}, duplicates {duplicates}")  # fmt: skip
+    workers = len(set(served.values()))
+    print(f"\ncommitted {len(served)} in {workers} workers, delivered {len(seen)}, "
+          f"lost {len(lost)}, phantom {len(phantom)}, duplicates {duplicates}")  # fmt: skip
     assert not lost and not phantom and not duplicates
 
 
@@ -150,8 +151,9 @@ def test_uvicorn_with_2_workers_delivers_every_message_once_by_the_fast_path(
     """Each worker process runs the lifespan: a relay of its own, started and stopped there."""
     port = free_port()
     db = make_url(pg_url).set(drivername="postgresql+asyncpg").render_as_string(False)
+    app = "tests.acceptance.prefork_apps:fastapi_app"
     command = [sys.executable, "-m", "uvicorn", "--workers", "2", "--factory", "--port",
-               str(port), "--log-level", "warning", "tests.acceptance.prefork_apps:fastapi_app"]  # fmt: skip
+               str(port), "--log-level", "warning", app]  # fmt: skip
     server = serve(command, db, broker, port)
     served: Served = {}
     try:

@@ -122,7 +122,8 @@ def test_a_child_sends_by_the_fast_path_and_the_parent_goes_on(
     url, db = target
     name, prefix = stream
     fast = FastPath()
-    ob = Outbox(db, f"{nats_server.url}?stream={name}&subjects={prefix}.>", listener=fast, **NO_SWEEP)
+    broker = f"{nats_server.url}?stream={name}&subjects={prefix}.>"
+    ob = Outbox(db, broker, listener=fast, **NO_SWEEP)
     ob.start()
     send = sender(ob, f"{prefix}.fork")
     try:
@@ -197,7 +198,8 @@ def test_an_async_outbox_in_a_child_sends_by_the_fast_path(
     name, prefix = stream
     fast = FastPath()
     db = pg_url.replace("postgresql+psycopg://", "postgresql+asyncpg://")
-    ob = Outbox(db, f"{nats_server.url}?stream={name}&subjects={prefix}.>", listener=fast, **NO_SWEEP)
+    broker = f"{nats_server.url}?stream={name}&subjects={prefix}.>"
+    ob = Outbox(db, broker, listener=fast, **NO_SWEEP)
     ob.start()
 
     @ob.transactional
