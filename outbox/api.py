@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
-from outbox import tracing
+from outbox import forks, tracing
 from outbox.config import (
     Settings,
     async_engine_from,
@@ -122,6 +122,9 @@ class Outbox:
         self._hooks: Listeners | None = None  # the running relay's, which it calls
         self.committed = 0  # messages whose transaction committed, seen by this process
         self.handed_off = 0  # of those, taken by the in-process relay
+        self._start_lock = threading.Lock()
+        self._start_in_child = False  # forked from a parent whose relay ran: start on send()
+        forks.after_fork_in_child(self, Outbox._after_fork)
 
     def __repr__(self) -> str:
         db = url_of(self.engine)
@@ -162,6 +165,8 @@ class Outbox:
         message, and the row is written by one INSERT (for all of the transaction's
         messages) inside the transaction, just before its COMMIT.
         """
+        if self._start_in_child:
+            self._start_after_fork()
         staged = isinstance(session, AsyncSession | async_scoped_session)
         checked = self._check_session(session)
         message = build_message(
@@ -266,11 +271,16 @@ class Outbox:
 
         Needs ``broker``. Returns at once, even while the broker is unreachable: the
         relay keeps connecting in the background and the sweeper covers the gap.
+        In a process forked after start(), the first send() starts the child's own relay.
         """
-        if self._dispatcher is not None:
-            return
         if self.broker_url is None:
             raise ConfigError("broker: start() needs a broker URL, e.g. nats://127.0.0.1:4222")
+        with self._start_lock:  # send() in a forked child may race another thread's start()
+            self._start_in_child = False
+            if self._dispatcher is None:
+                self._start()
+
+    def _start(self) -> None:
         from relay.runtime import start_relay  # the app's one import of the relay layer
 
         self._relay, self._dispatcher, self._jobs = start_relay(self)
@@ -280,13 +290,32 @@ class Outbox:
             for listener in self._listeners:
                 self._hooks.add(listener)
 
+    def _start_after_fork(self) -> None:
+        try:
+            self.start()
+        except Exception:  # send() goes on: the row waits in the table for a sweeper
+            log.exception("starting the relay in a forked process failed")
+
+    def _after_fork(self) -> None:
+        """In a forked child: new locks and pools, the parent's relay forgotten (outbox.forks)."""
+        self._count_lock, self._start_lock = threading.Lock(), threading.Lock()
+        forks.fresh_pool(self.engine)  # the app's Engine too: the relay uses it
+        if self._async_engine is not None:
+            forks.fresh_pool(self._async_engine.sync_engine)
+        forks.abandon(self._relay, self._dispatcher, self._jobs)
+        self._start_in_child = self._start_in_child or self._dispatcher is not None
+        self._relay = self._dispatcher = self._jobs = self._hooks = self._stats = None
+        self.committed = self.handed_off = 0
+
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the relay: no new work; in-flight publishes and acks finish within ``timeout``.
 
         Anything not yet published stays pending in the table for the sweeper. The
         relay's thread and broker connection are gone when this returns, and so are
-        the pooled DB connections when the outbox created its engine itself.
+        the pooled DB connections when the outbox created its engine itself. In a forked
+        child it stops the child's own relay and connections, never the parent's.
         """
+        self._start_in_child = False
         deadline = time.monotonic() + timeout
         dispatcher, jobs, relay = self._dispatcher, self._jobs, self._relay
         self._dispatcher = self._jobs = self._relay = None

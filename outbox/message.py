@@ -327,6 +327,14 @@ _last_uuid_ms = 0
 _uuid_seq = 0
 
 
+def _new_uuid_lock() -> None:
+    global _uuid_lock
+    _uuid_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_new_uuid_lock)
+
+
 def uuid7() -> uuid.UUID:
     """A UUIDv7 (RFC 9562): 48-bit Unix ms, then a 12-bit counter, then random bits.
 

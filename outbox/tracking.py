@@ -16,6 +16,7 @@ than the INSERT of the message itself.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,14 @@ PG_TRANSACTION_INERROR = 3  # libpq PQTRANS_INERROR: the COMMIT will be a ROLLBA
 
 _registered = False
 _register_lock = threading.Lock()
+
+
+def _new_register_lock() -> None:
+    global _register_lock
+    _register_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_new_register_lock)
 
 
 def remember(session: Session, message: Message, on_commit: OnCommit) -> None:

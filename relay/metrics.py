@@ -33,6 +33,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from outbox.forks import after_fork_in_child
 from relay.listener import Failed, Path, Reason, RelayListener, Sent
 from relay.stats import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS_S, SWEEP_BUCKETS_S, Histogram
 
@@ -51,6 +52,7 @@ class RelayCounts(RelayListener):
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        after_fork_in_child(self, RelayCounts._new_lock)
         self.sent = {"fast": 0, "sweeper": 0}
         self.retries = {"fast": 0, "sweeper": 0}
         self.left = dict.fromkeys(LEFT_REASONS, 0)
@@ -59,6 +61,9 @@ class RelayCounts(RelayListener):
         self.commit_to_ack = Histogram(LATENCY_BUCKETS_S)
         self.batch_sizes = Histogram(BATCH_SIZE_BUCKETS)  # rows claimed per sweep batch
         self.batch_seconds = Histogram(SWEEP_BUCKETS_S)  # claim to commit of a sweep batch
+
+    def _new_lock(self) -> None:
+        self.lock = threading.Lock()  # a relay thread of the parent may have held it
 
     def published(self, sent: Sequence[Sent], path: Path) -> None:
         with self.lock:

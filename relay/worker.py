@@ -60,7 +60,7 @@ class RelayJobs:
         if scheduler is None:
             return
         self.sweeper.stop()  # a running sweep finishes its batch and claims no more
-        done = threading.Thread(target=scheduler.shutdown, kwargs={"wait": True}, daemon=True)
+        done = threading.Thread(target=shut_down, args=(scheduler,), daemon=True)
         done.start()
         done.join(timeout)
         if done.is_alive():
@@ -77,3 +77,11 @@ class RelayJobs:
             self.sweeper.purge()
         except Exception:
             log.exception("retention purge failed")
+
+
+def shut_down(scheduler: BackgroundScheduler) -> None:
+    """Wait for the running job; submit no other. The jobs go first: APScheduler's own
+    shutdown races its scheduler thread, which may submit a due job to the executor it
+    just shut down (and log a traceback)."""
+    scheduler.remove_all_jobs()  # under the job stores' lock: no submit can follow it
+    scheduler.shutdown(wait=True)

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -28,6 +29,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, StrictInt
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from examples.cli import add_db_and_broker
 from examples.webapp.app import CLOSED_DOCKS, TOPIC, DockClosed, inbound, metadata
@@ -56,7 +58,7 @@ def prepare(engine: Engine) -> None:
     metadata.create_all(engine)
 
 
-def create_app(db: str, broker: str, pool_size: int = 20) -> FastAPI:
+def create_app(db: str, broker: str, pool_size: int = 20, **options: Any) -> FastAPI:
     """The app; its lifespan starts the outbox relay and stops it on shutdown.
 
     ``db`` is an async URL (``postgresql+asyncpg://``, ``postgresql+psycopg://``,
@@ -64,9 +66,11 @@ def create_app(db: str, broker: str, pool_size: int = 20) -> FastAPI:
     Requests take their AsyncSession from the app's own engine and session factory, given
     to the outbox; its pool holds ``pool_size`` connections (SQLAlchemy's default of 5
     would open and close a connection per request under more concurrent requests).
+    ``options`` go to the Outbox. Each worker process of a server runs the lifespan, so
+    each starts (and stops) a relay of its own.
     """
     engine = async_engine_from(db, pool_size=pool_size)  # asyncpg gets libpq's options too
-    ob = Outbox(db, broker=broker, session_factory=async_sessionmaker(engine))
+    ob = Outbox(db, broker=broker, session_factory=async_sessionmaker(engine), **options)
 
     @ob.transactional
     async def record_delivery(session: AsyncSession, delivery: Delivery) -> Recorded:
@@ -91,6 +95,7 @@ def create_app(db: str, broker: str, pool_size: int = 20) -> FastAPI:
 
     app = FastAPI(title="warehouse inbound", lifespan=lifespan)
     app.state.outbox = ob
+    app.add_middleware(ServedBy)
 
     @app.post("/inbound", status_code=201)
     async def receive(delivery: Delivery) -> Recorded:
@@ -109,6 +114,30 @@ def create_app(db: str, broker: str, pool_size: int = 20) -> FastAPI:
         return {"relay": "up" if ob.stats is not None else "down"}
 
     return app
+
+
+class ServedBy:
+    """Names the worker process in each reply (X-Worker): shows how a server spreads them."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def named(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                worker = (b"x-worker", str(os.getpid()).encode())
+                message["headers"] = [*message.get("headers", []), worker]
+            await send(message)
+
+        await self.app(scope, receive, named)
+
+
+def from_env(**options: Any) -> FastAPI:
+    """The app for an ASGI server, on OUTBOX_DB and OUTBOX_BROKER::
+
+    uvicorn --workers 2 --factory examples.fastapi_app.app:from_env
+    """
+    return create_app(os.environ["OUTBOX_DB"], os.environ["OUTBOX_BROKER"], **options)
 
 
 def main() -> None:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import os
 from dataclasses import dataclass
 from typing import Any
 
-from flask import Flask, jsonify, request
+from flask import Flask, Response, jsonify, request
 from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, func
 from sqlalchemy.orm import Session
 
@@ -68,10 +69,14 @@ def parse(body: Any) -> Delivery:
     return Delivery(sku, quantity, dock)
 
 
-def create_app(db: str, broker: str) -> Flask:
-    """The app, with its outbox relay started (and stopped at exit)."""
+def create_app(db: str, broker: str, **options: Any) -> Flask:
+    """The app, with its outbox relay started (and stopped at exit); ``options`` go to Outbox.
+
+    Safe under pre-fork servers (gunicorn ``--preload``): each worker forked from this
+    process starts its own relay on its first message, and stops only its own at exit.
+    """
     migrate.upgrade(db)  # the outbox tables; an app with Alembic adds them to its own history
-    ob = Outbox(db, broker=broker)
+    ob = Outbox(db, broker=broker, **options)
     metadata.create_all(ob.engine)
     ob.start()
     atexit.register(ob.stop)
@@ -91,6 +96,7 @@ def create_app(db: str, broker: str) -> Flask:
 
     app = Flask(__name__)
     app.extensions["outbox"] = ob
+    app.after_request(served_by)
 
     @app.post("/inbound")
     def receive() -> Any:
@@ -110,6 +116,20 @@ def create_app(db: str, broker: str) -> Flask:
         return jsonify(relay="up" if stats is not None else "down")
 
     return app
+
+
+def served_by(response: Response) -> Response:
+    """Names the worker process in each reply (X-Worker): shows how a server spreads them."""
+    response.headers["X-Worker"] = str(os.getpid())
+    return response
+
+
+def from_env(**options: Any) -> Flask:
+    """The app for a WSGI server, on OUTBOX_DB and OUTBOX_BROKER::
+
+    gunicorn --preload -w 3 'examples.webapp.app:from_env()'
+    """
+    return create_app(os.environ["OUTBOX_DB"], os.environ["OUTBOX_BROKER"], **options)
 
 
 def main() -> None:
