@@ -11,13 +11,13 @@ counted; a second drain delivers the rest.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -75,15 +75,13 @@ def by_status(engine: Engine) -> dict[str, set[str]]:
 
 def sent_count(engine: Engine) -> int:
     with engine.connect() as conn:
-        return int(
-            conn.execute(
-                text("SELECT count(*) FROM outbox_message WHERE status = 'sent'")
-            ).scalar_one()
-        )
+        query = text("SELECT count(*) FROM outbox_message WHERE status = 'sent'")
+        return int(conn.execute(query).scalar_one())
 
 
 def poll(condition: Callable[[], object], timeout: float, what: str) -> None:
-    """Until ``condition`` holds (checked every 50 ms: each check is a query); fail after ``timeout``."""
+    """Until ``condition`` holds (checked every 50 ms: a check may be a query); fail after
+    ``timeout``."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -91,43 +89,114 @@ def poll(condition: Callable[[], object], timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def in_stream(server: NatsServer, name: str) -> list[str]:
-    return [m.msg_id for m in asyncio.run(read_stream(server.url, name))]
+class Command:
+    """An `outbox` process, its output in files (a pipe nobody reads could fill up)."""
+
+    def __init__(self, tmp: Path, *args: str) -> None:
+        self.out, self.err = tmp / f"{args[0]}.out", tmp / f"{args[0]}.err"
+        with self.out.open("w") as out, self.err.open("w") as err:
+            self.proc = subprocess.Popen([OUTBOX, *args], stdout=out, stderr=err)
+
+    def stdout(self) -> str:
+        return self.out.read_text()
+
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+    def alive(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"exited {self.proc.returncode}: {self.stderr()[-2000:]}")
+        return True
+
+    def wait_for(self, condition: Callable[[], object], what: str) -> None:
+        """Poll ``condition`` while the process runs; kill it when that fails."""
+        try:
+            poll(lambda: self.alive() and condition(), 60, what)
+        except BaseException:
+            self.kill()
+            raise
+
+    def stop_with(self, signum: int, timeout: float) -> float:
+        """Send ``signum``; the seconds until the process ended (fails past ``timeout``)."""
+        self.proc.send_signal(signum)
+        signalled = time.monotonic()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(
+                f"still running {timeout} s after {signum!r}: {self.stderr()[-2000:]}"
+            ) from None
+        return time.monotonic() - signalled
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
-def stop_with(proc: subprocess.Popen[str], signum: int, timeout: float) -> tuple[str, str, float]:
-    """Send ``signum``; stdout, stderr and the seconds until the process ended."""
-    proc.send_signal(signum)
-    signalled = time.monotonic()
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"still running {timeout} s after {signum!r}: {err[-2000:]}") from None
-    return out, err, time.monotonic() - signalled
-
-
-def started_not_done(stopped_at: int) -> None:
-    assert stopped_at < ROWS, (
-        f"all {ROWS} rows were sent before the signal took effect: the signal did not "
-        "stop anything here; seed a larger backlog"
-    )
+def in_stream(server: NatsServer, name: str) -> set[str]:
+    return {str(m.msg_id) for m in asyncio.run(read_stream(server.url, name))}
 
 
 def check_stream(
     engine: Engine, server: NatsServer, name: str, ids: set[str]
 ) -> tuple[dict[str, set[str]], int]:
-    """No row marked sent without being in the stream; the stream holds only our rows.
-    The table by status, and how many pending rows are in the stream already."""
+    """No row marked sent without being in the stream; the stream holds only our rows;
+    every row sent or pending. The table by status, and how many pending rows are in
+    the stream already (published, not marked: at least once)."""
     table = by_status(engine)
-    stored = set(in_stream(server, name))
-    assert table["sent"] <= stored, (
-        f"{len(table['sent'] - stored)} row(s) marked sent, not in the stream"
-    )
+    stored = in_stream(server, name)
+    missing = table["sent"] - stored
+    assert not missing, f"{len(missing)} row(s) marked sent but not in the stream"
     assert stored <= ids
     assert not table["dead"]
+    assert len(table["sent"]) + len(table["pending"]) == len(ids)
     return table, len(stored & table["pending"])
+
+
+def not_all_sent(sent: int) -> None:
+    assert sent < ROWS, (
+        f"all {ROWS} rows were sent before the signal took effect, so it stopped nothing "
+        "here: seed a larger backlog"
+    )
+
+
+def drain_the_rest(
+    engine: Engine, server: NatsServer, name: str, ids: set[str], *drain: str
+) -> None:
+    again = subprocess.run(
+        [OUTBOX, *drain], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    table, _ = check_stream(engine, server, name, ids)
+    assert len(table["sent"]) == ROWS
+    assert in_stream(server, name) == ids, "every message in the stream at least once"
+
+
+@contextmanager
+def frozen_mid_publish(server: NatsServer) -> Iterator[None]:
+    """The nats-server stopped (SIGSTOP) with a publish sent to it and unanswered: bytes
+    wait in its socket. The sweep that sent them waits for acks (the sweeper's publish
+    timeout, 10 s, with the URL's ``timeout`` longer) and cannot finish its batch."""
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGSTOP)
+    try:
+        poll(lambda: unread_bytes(server.port) > 0, 60, "a publish waiting at the frozen broker")
+        yield
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+
+
+def unread_bytes(port: int) -> int:
+    """Bytes received and not yet read by the established sockets on local ``port``."""
+    total = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state, queues = fields[1], fields[3], fields[4]
+        if state == "01" and int(local.split(":")[1], 16) == port:
+            total += int(queues.split(":")[1], 16)
+    return total
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -136,90 +205,123 @@ def test_a_signal_stops_a_drain_between_batches(
     pg_url: str,
     nats_server: NatsServer,
     stream: tuple[str, str],
+    tmp_path: Path,
     signum: signal.Signals,
 ) -> None:
     name, prefix = stream
     ids = seed(db, f"{prefix}.backlog")
-    broker = f"{nats_server.url}?stream={name}&subjects={prefix}.>"
-    drain = [OUTBOX, "drain", "--db", pg_url, "--broker", broker]
-    proc = subprocess.Popen(
-        [*drain, "--stop-timeout", str(STOP_TIMEOUT)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    drain = (
+        "drain",
+        "--db",
+        pg_url,
+        "--broker",
+        f"{nats_server.url}?stream={name}&subjects={prefix}.>",
     )
-    try:
-        poll(lambda: sent_count(db) > 0, 60, "the drain's first batch marked sent")
-    except BaseException:
-        proc.kill()
-        proc.communicate()
-        raise
-    out, err, took = stop_with(proc, signum, STOP_TIMEOUT + MARGIN)
+    cmd = Command(tmp_path, *drain, "--stop-timeout", str(STOP_TIMEOUT))
+    cmd.wait_for(lambda: sent_count(db) > 0, "the drain's first batch marked sent")
+    took = cmd.stop_with(signum, STOP_TIMEOUT + MARGIN)
 
-    assert proc.returncode == 128 + signum, (proc.returncode, err[-2000:])
-    assert "Traceback" not in err, err[-2000:]
+    assert cmd.proc.returncode == 128 + signum, cmd.stderr()[-2000:]  # 130, 143
+    assert "Traceback" not in cmd.stderr(), cmd.stderr()[-2000:]
     summary = re.search(
-        rf"drained: sent=(\d+) retry_later=\d+ dead=0 of {ROWS} pending in .* \(stopped by {signum.name}\)",
-        out,
+        rf"drained: sent=(\d+) retry_later=0 dead=0 of {ROWS} pending in .* "
+        rf"\(stopped by {signum.name}\)$",
+        cmd.stdout(),
     )
-    assert summary is not None, out
+    assert summary is not None, cmd.stdout()
     table, published_pending = check_stream(db, nats_server, name, ids)
-    started_not_done(len(table["sent"]))
+    not_all_sent(len(table["sent"]))
     assert int(summary[1]) == len(table["sent"]), "the summary counts what was marked sent"
-    assert len(table["sent"]) + len(table["pending"]) == ROWS, "every other row is still pending"
     print(
-        f"\n{signum.name}: stopped {took:.1f} s after the signal; sent {len(table['sent'])} of {ROWS}; "
-        f"pending but already in the stream (at least once): {published_pending}"
+        f"\n{signum.name}: exited {took:.1f} s after the signal; sent {len(table['sent'])} "
+        f"of {ROWS}; pending but already in the stream (at least once): {published_pending}"
     )
+    drain_the_rest(db, nats_server, name, ids, *drain)
 
-    again = subprocess.run(drain, capture_output=True, text=True, timeout=300, check=False)
-    assert again.returncode == 0, again.stderr[-2000:]
-    table, _ = check_stream(db, nats_server, name, ids)
-    assert len(table["sent"]) == ROWS
-    assert set(in_stream(nats_server, name)) == ids, "every message in the stream at least once"
+
+def test_past_the_stop_timeout_a_drain_leaves_its_batches_pending(
+    db: Engine, pg_url: str, nats_server: NatsServer, stream: tuple[str, str], tmp_path: Path
+) -> None:
+    """The broker stops answering mid-batch: the drain still exits at its stop timeout,
+    and the unanswered batch is rolled back (pending), not marked."""
+    name, prefix = stream
+    ids = seed(db, f"{prefix}.backlog")
+    broker = f"{nats_server.url}?stream={name}&subjects={prefix}.>"
+    cmd = Command(tmp_path, "drain", "--db", pg_url, "--broker", f"{broker}&timeout=60",
+                  "--stop-timeout", "2")  # fmt: skip
+    cmd.wait_for(lambda: sent_count(db) > 0, "the drain's first batch marked sent")
+    with frozen_mid_publish(nats_server):
+        took = cmd.stop_with(signal.SIGTERM, 2 + MARGIN)
+    assert cmd.proc.returncode == 143, cmd.stderr()[-2000:]
+    assert "Traceback" not in cmd.stderr(), cmd.stderr()[-2000:]
+    summary = re.search(
+        r"drained: sent=(\d+) .*\(stopped by SIGTERM; stop timeout passed: the batches in "
+        r"flight stay pending\)$",
+        cmd.stdout(),
+    )
+    assert summary is not None, cmd.stdout()
+    poll(lambda: not rows_locked(db), 30, "the database to roll back the drain's batch")
+    table, published_pending = check_stream(db, nats_server, name, ids)
+    not_all_sent(len(table["sent"]))
+    assert int(summary[1]) <= len(table["sent"])  # a batch answered just before may commit
+    print(f"\nexited {took:.1f} s after SIGTERM (stop timeout 2 s); pending but in the stream: "
+          f"{published_pending}")  # fmt: skip
+    drain_the_rest(db, nats_server, name, ids, "drain", "--db", pg_url, "--broker", broker)
+
+
+def test_a_second_signal_exits_at_once(
+    db: Engine, pg_url: str, nats_server: NatsServer, stream: tuple[str, str], tmp_path: Path
+) -> None:
+    """Ctrl-C twice: the first waits for a batch the frozen broker never answers, the
+    second exits at once (130), that batch rolled back."""
+    name, prefix = stream
+    ids = seed(db, f"{prefix}.backlog")
+    broker = f"{nats_server.url}?stream={name}&subjects={prefix}.>"
+    cmd = Command(tmp_path, "drain", "--db", pg_url, "--broker", f"{broker}&timeout=60",
+                  "--stop-timeout", "120")  # fmt: skip
+    cmd.wait_for(lambda: sent_count(db) > 0, "the drain's first batch marked sent")
+    with frozen_mid_publish(nats_server):
+        cmd.proc.send_signal(signal.SIGINT)
+        cmd.wait_for(lambda: "SIGINT: stopping" in cmd.stderr(), "the first SIGINT taken")
+        took = cmd.stop_with(signal.SIGINT, MARGIN)
+    assert cmd.proc.returncode == 130, cmd.stderr()[-2000:]
+    assert "outbox drain: second SIGINT, exiting now" in cmd.stderr(), cmd.stderr()[-2000:]
+    assert "Traceback" not in cmd.stderr(), cmd.stderr()[-2000:]
+    poll(lambda: not rows_locked(db), 30, "the database to roll back the drain's batch")
+    check_stream(db, nats_server, name, ids)
+    print(f"\nexited {took:.1f} s after the second SIGINT")
+    drain_the_rest(db, nats_server, name, ids, "drain", "--db", pg_url, "--broker", broker)
+
+
+def rows_locked(engine: Engine) -> int:
+    """Rows a transaction still holds (the killed drain's, until the server rolls it back)."""
+    with engine.connect() as conn:
+        free = text(
+            "SELECT count(*) FROM (SELECT id FROM outbox_message FOR UPDATE SKIP LOCKED) AS f"
+        )
+        return ROWS - int(conn.execute(free).scalar_one())
 
 
 def test_sigterm_stops_a_relay_worker_with_its_summary(
-    db: Engine, pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+    db: Engine, pg_url: str, nats_server: NatsServer, stream: tuple[str, str], tmp_path: Path
 ) -> None:
     name, prefix = stream
     ids = seed(db, f"{prefix}.backlog")
     broker = f"{nats_server.url}?stream={name}&subjects={prefix}.>"
-    worker = subprocess.Popen(
-        [
-            OUTBOX,
-            "relay",
-            "--db",
-            pg_url,
-            "--broker",
-            broker,
-            "--interval",
-            "0.2",
-            "--stop-timeout",
-            str(STOP_TIMEOUT),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        poll(lambda: sent_count(db) > 0, 60, "the worker's first batch marked sent")
-    except BaseException:
-        worker.kill()
-        worker.communicate()
-        raise
-    _, err, took = stop_with(worker, signal.SIGTERM, STOP_TIMEOUT + MARGIN)
+    cmd = Command(tmp_path, "relay", "--db", pg_url, "--broker", broker, "--interval", "0.2",
+                  "--stop-timeout", str(STOP_TIMEOUT))  # fmt: skip
+    cmd.wait_for(lambda: sent_count(db) > 0, "the worker's first batch marked sent")
+    took = cmd.stop_with(signal.SIGTERM, STOP_TIMEOUT + MARGIN)
 
-    assert worker.returncode == 0, err[-2000:]  # SIGTERM is how a worker is stopped
-    assert "Traceback" not in err, err[-2000:]
+    assert cmd.proc.returncode == 0, cmd.stderr()[-2000:]  # SIGTERM is how a worker stops
+    assert "Traceback" not in cmd.stderr(), cmd.stderr()[-2000:]
     summary = re.search(
-        r"relay worker stopped by SIGTERM: sent=(\d+) retry_later=0 dead=0 in \d+ s", err
+        r"relay worker stopped by SIGTERM: sent=(\d+) retry_later=0 dead=0 in \d+ s",
+        cmd.stderr(),
     )
-    assert summary is not None, err[-2000:]
+    assert summary is not None, cmd.stderr()[-2000:]
     table, published_pending = check_stream(db, nats_server, name, ids)
-    started_not_done(len(table["sent"]))
+    not_all_sent(len(table["sent"]))
     assert int(summary[1]) == len(table["sent"])
-    print(
-        f"\nworker stopped {took:.1f} s after SIGTERM; sent {len(table['sent'])} of {ROWS}; "
-        f"pending but in the stream: {published_pending}"
-    )
+    print(f"\nworker exited {took:.1f} s after SIGTERM; sent {len(table['sent'])} of {ROWS}; "
+          f"pending but in the stream: {published_pending}")  # fmt: skip
