@@ -11,7 +11,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
+
+from sqlalchemy import Engine
 
 from outbox import migrate
 from outbox.config import Settings, mask_url
@@ -151,7 +153,7 @@ def second_signal_exits(command: str, first: int) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # the main thread's only
 
 
-def exit_now(status: int) -> None:
+def exit_now(status: int) -> NoReturn:
     """Exit without waiting for threads still in a transaction (the database rolls it
     back when the connection closes): past the stop timeout, the batch stays pending."""
     sys.stdout.flush()
@@ -182,47 +184,48 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def drain(args: argparse.Namespace, stop: StopSignals) -> int:
-    engine = database(args)
-    try:
-        migrate.require_schema(engine)
-        with engine.connect() as conn:
-            total = store.pending_count(conn)
-    except BaseException:
-        engine.dispose()
-        raise
+    engine, total = backlog(args)
     relay = BrokerLoop(broker_for(args.broker), name="outbox-drain")
     with signals_blocked():
         relay.start()
     with repeats_dropped():  # the adapter retries, and warns, every 0.2 s
         connected = wait_connected(relay, stop)
-    if stop.received:
+    if stop.received or not connected:
         relay.stop(2.0)
         engine.dispose()
-        return report_drain(SweepResult(), total, 0.0, stop)
-    if not connected:
-        relay.stop(2.0)
-        engine.dispose()
+        if stop.received:
+            return report_drain(SweepResult(), total, 0.0, stop.received)
         raise OutboxError(f"broker {mask_url(args.broker)} unreachable; nothing was touched")
     sweeper = Sweeper(engine, relay, Settings())
     progress = Progress(total) if sys.stderr.isatty() else None
     started = time.monotonic()
     work = Background(lambda: drain_passes(sweeper, args.concurrency, progress))
+    with signals_blocked():  # the sweeps' threads leave the signals to this one
+        work.start()
+    stopped_by, finished = await_drain(work, stop, sweeper, args.stop_timeout)
+    if progress:
+        progress.close()
+    seconds = time.monotonic() - started
+    if not finished:  # a batch's transaction is open: exiting rolls it back (rows pending)
+        exit_now(report_drain(sweeper.totals, total, seconds, stopped_by, late=True))
     try:
-        with signals_blocked():  # the sweeps' threads leave the signals to this one
-            work.start()
-        finished = await_drain(work, stop, sweeper, args.stop_timeout)
-        if not finished:  # a batch's transaction is open: exiting rolls it back
-            result = sweeper.totals
-            status = report_drain(result, total, time.monotonic() - started, stop, late=True)
-            exit_now(status)
         result = work.result()
     finally:
-        if work.ident is None or not work.is_alive():
-            relay.stop(2.0)
-            engine.dispose()
-        if progress:
-            progress.close()
-    return report_drain(result, total, time.monotonic() - started, stop)
+        relay.stop(2.0)
+        engine.dispose()
+    return report_drain(result, total, seconds, stopped_by)
+
+
+def backlog(args: argparse.Namespace) -> tuple[Engine, int]:
+    """The engine for --db, once the schema is checked, and the pending count."""
+    engine = database(args)
+    try:
+        migrate.require_schema(engine)
+        with engine.connect() as conn:
+            return engine, store.pending_count(conn)
+    except BaseException:
+        engine.dispose()
+        raise
 
 
 def wait_connected(relay: BrokerLoop, stop: StopSignals) -> bool:
@@ -248,29 +251,32 @@ def drain_passes(
     return result
 
 
-def await_drain(work: Background, stop: StopSignals, sweeper: Sweeper, timeout: float) -> bool:
+def await_drain(
+    work: Background, stop: StopSignals, sweeper: Sweeper, timeout: float
+) -> tuple[int | None, bool]:
     """Wait for the drain; after a stop signal, ``timeout`` more seconds at most for the
-    batches in flight. False when they were still running at that deadline.
+    batches in flight. The signal that stopped it (None: it ended by itself), and
+    whether the work ended (False: batches still in flight at the deadline).
 
     The main thread looks for a signal every SIGNAL_CHECK_S: its handler only notes it
     (see relay.cli.stopping), and a join cannot be interrupted without an exception.
     """
-    while stop.received is None:
+    while (signum := stop.received) is None:
         work.join(SIGNAL_CHECK_S)
         if not work.is_alive():
-            return True
+            return None, True
     log.info("%s: stopping (deadline %.0f s): finishing the batches in flight", stop.name, timeout)
     sweeper.stop()
     work.join(timeout)
-    return not work.is_alive()
+    return signum, not work.is_alive()
 
 
 def report_drain(
-    result: SweepResult, total: int, seconds: float, stop: StopSignals, late: bool = False
+    result: SweepResult, total: int, seconds: float, stopped_by: int | None, late: bool = False
 ) -> int:
-    """Print the summary line; the exit status."""
-    if stop.received:
-        why = f" (stopped by {stop.name}"
+    """Print the summary line; the exit status (128 + the signal when one stopped it)."""
+    if stopped_by is not None:
+        why = f" (stopped by {signal.Signals(stopped_by).name}"
         why += "; stop timeout passed: the batches in flight stay pending)" if late else ")"
     else:
         why = " (stopped: broker unreachable)" if result.aborted else ""
@@ -279,8 +285,8 @@ def report_drain(
         f"of {total} pending in {seconds:.2f} s ({result.sent / max(seconds, 1e-9):,.0f} msg/s)"
         + why,
     )
-    if stop.received:
-        return exit_status(stop.received)
+    if stopped_by is not None:
+        return exit_status(stopped_by)
     ok = result.failed == 0 and result.dead == 0 and not result.aborted
     return EXIT_OK if ok else EXIT_FAILED
 
