@@ -139,7 +139,10 @@ class Sweeper:
                     raise _BrokerUnreachable
                 recorded = self._record(conn, rows, results)
         except _BrokerUnreachable:
-            log.warning("sweep: broker unreachable, batch of %d left as it was", len(rows))
+            if self._stopping.is_set():
+                log.info("sweep: stopping, batch of %d left pending", len(rows))
+            else:
+                log.warning("sweep: broker unreachable, batch of %d left as it was", len(rows))
             return SweepResult(claimed=len(rows), aborted=True)
         result = recorded.result()
         log.info(
@@ -188,6 +191,10 @@ class Sweeper:
     def stop(self) -> None:
         """Finish the batch in hand, claim no more."""
         self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
 
     def purge(self) -> int:
         """Delete sent rows older than the retention period, in bounded batches."""

@@ -54,17 +54,23 @@ class RelayJobs:
         scheduler.start()
         self._scheduler = scheduler
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Let a running sweep finish (within ``timeout``); start no new one."""
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Let a running sweep finish (within ``timeout``); start no new one.
+
+        False when a sweep was still running at the deadline: its batch is marked when
+        its publish is answered, or stays pending if the process ends first.
+        """
         scheduler, self._scheduler = self._scheduler, None
         if scheduler is None:
-            return
+            return True
         self.sweeper.stop()  # a running sweep finishes its batch and claims no more
         done = threading.Thread(target=shut_down, args=(scheduler,), daemon=True)
         done.start()
         done.join(timeout)
         if done.is_alive():
             log.warning("a sweep was still running at the stop deadline; its rows stay pending")
+            return False
+        return True
 
     def _sweep(self) -> None:
         try:

@@ -6,9 +6,10 @@
 - relay.cli.modelb: coordinator, compare.
 
 Exit codes: 0 success, 1 the operation failed (the message says why), 2 bad usage,
-3 (status only) dead messages exist. Every failure is one line on stderr; ``--debug``
-adds the traceback. Connection strings come from flags or OUTBOX_DB / OUTBOX_BROKER;
-passwords and tokens are masked in everything printed or logged.
+3 (status only) dead messages exist, 130 / 143 (drain) stopped by SIGINT / SIGTERM.
+Every failure is one line on stderr; ``--debug`` adds the traceback. Connection strings
+come from flags or OUTBOX_DB / OUTBOX_BROKER; passwords and tokens are masked in
+everything printed or logged.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="outbox",
         description="Transactional outbox: schema, relay workers and operations.",
-        epilog="Exit codes: 0 success, 1 failure, 2 bad usage, 3 dead messages (status).",
+        epilog="Exit codes: 0 success, 1 failure, 2 bad usage, 3 dead messages (status), "
+        "130/143 drain stopped by SIGINT/SIGTERM.",
     )
     add_debug_flag(parser, default=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -18,7 +18,8 @@ from relay.cli.common import (
     add_debug_flag,
     positive_int,
 )
-from relay.cli.run import STOP_SIGNALS, defer_stop_signals
+from relay.cli.run import defer_stop_signals
+from relay.cli.stopping import STOP_SIGNALS
 
 log = logging.getLogger("relay.cli")
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
+
+from sqlalchemy import Engine
 
 from outbox import migrate
 from outbox.config import Settings, mask_url
@@ -26,13 +29,14 @@ from relay.cli.common import (
     database,
     positive_int,
 )
+from relay.cli.stopping import STOP_SIGNALS, StopSignals, exit_status, signals_blocked
 from relay.loop import BrokerLoop
-from relay.sweeper import Sweeper
+from relay.sweeper import Sweeper, SweepResult
 from relay.worker import RelayJobs
 
 DRAIN_PASSES = 3
 CONNECT_WAIT_S = 10.0
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+SIGNAL_CHECK_S = 0.1  # drain's main thread looks for a stop signal this often
 log = logging.getLogger("relay.cli")
 
 
@@ -42,6 +46,10 @@ def add_relay(commands: Commands) -> None:
         help="run a relay worker: sweeper and retention (until SIGTERM/SIGINT)",
         description="Publish pending messages older than the sweeper age and purge old sent "
         "rows. Run any number of workers, on any number of machines, against one database.",
+        epilog="SIGTERM or SIGINT: the sweep in hand finishes its batch (or, past "
+        "--stop-timeout, its rows stay pending for the next worker), the worker logs "
+        "'relay worker stopped by SIGTERM: sent=N retry_later=N dead=N' and exits 0. A second "
+        "signal exits at once with 130 (SIGINT) or 143 (SIGTERM); rows in flight stay pending.",
     )
     add_db_flag(rel)
     add_broker_flag(rel)
@@ -55,7 +63,11 @@ def add_relay(commands: Commands) -> None:
         "--retention-days", type=float, default=3.0, help="keep sent rows this long (default 3)"
     )
     rel.add_argument(
-        "--stop-timeout", type=float, default=10.0, help="graceful stop deadline, s (default 10)"
+        "--stop-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="after SIGTERM/SIGINT, wait this long for the batch in flight (default 10)",
     )
     rel.add_argument(
         "--metrics-port",
@@ -73,11 +85,24 @@ def add_drain(commands: Commands) -> None:
         help="publish everything pending now, once, with progress",
         description="One-shot sweep of every pending message regardless of age and backoff, "
         "for recovering a large backlog.",
+        epilog="Exit status: 0 all sent, 1 some failed (retried later) or dead, 130 stopped by "
+        "SIGINT (Ctrl-C), 143 stopped by SIGTERM. On either signal the batches in flight are "
+        "finished (published and marked) or left pending, never half-marked; no new batch is "
+        "claimed; the summary so far is printed. Past --stop-timeout, or on a second signal, "
+        "it exits at once and the batches in flight stay pending (published again later: "
+        "at least once).",
     )
     add_db_flag(drn)
     add_broker_flag(drn)
     drn.add_argument(
         "--concurrency", type=positive_int, default=2, help="sweeps side by side (default 2)"
+    )
+    drn.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="after SIGINT/SIGTERM, wait this long for the batches in flight (default 10)",
     )
 
 
@@ -91,16 +116,26 @@ def cmd_relay(args: argparse.Namespace) -> int:
     metrics = serve_metrics(jobs, args.metrics_port, args.metrics_addr)  # fails before starting
     relay.start()
     jobs.start()
+    started = time.monotonic()
     log.info("relay worker started: db=%s broker=%s", mask_url(args.db), mask_url(args.broker))
-    signal.sigwait(STOP_SIGNALS)
+    signum = signal.sigwait(STOP_SIGNALS)
+    deadline = time.monotonic() + args.stop_timeout
+    second_signal_exits("relay", signum)
     if metrics is not None:
         metrics.shutdown()
-    log.info("stopping (deadline %.0f s)", args.stop_timeout)
-    jobs.stop(args.stop_timeout)
-    relay.stop(2.0)
-    engine.dispose()
+    log.info("%s: stopping (deadline %.0f s)", signal.Signals(signum).name, args.stop_timeout)
+    finished = jobs.stop(max(0.0, deadline - time.monotonic()))
     totals = jobs.sweeper.totals
-    log.info("relay worker stopped: sent=%d dead=%d", totals.sent, totals.dead)
+    line = (
+        f"relay worker stopped by {signal.Signals(signum).name}: sent={totals.sent} "
+        f"retry_later={totals.failed} dead={totals.dead} in {time.monotonic() - started:.0f} s"
+    )
+    if not finished:  # the sweep's transaction is open: exiting rolls it back (rows pending)
+        log.info("%s; stop timeout passed, the batch in flight stays pending", line)
+        exit_now(EXIT_OK)
+    relay.stop(min(2.0, max(0.0, deadline - time.monotonic())))
+    engine.dispose()
+    log.info("%s", line)
     return EXIT_OK
 
 
@@ -109,6 +144,22 @@ def defer_stop_signals() -> None:
     (threads inherit the mask). A Python handler that sets an Event can deadlock on the
     Event's own lock when it interrupts the main thread inside ``Event.wait``."""
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+def second_signal_exits(command: str, first: int) -> None:
+    """After the first stop signal (taken by sigwait), a second one exits at once."""
+    stop = StopSignals(command).install()
+    stop.received = first
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # the main thread's only
+
+
+def exit_now(status: int) -> NoReturn:
+    """Exit without waiting for threads still in a transaction (the database rolls it
+    back when the connection closes): past the stop timeout, the batch stays pending."""
+    sys.stdout.flush()
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(status)
 
 
 def serve_metrics(jobs: Any, port: int | None, addr: str) -> Any:
@@ -125,47 +176,141 @@ def serve_metrics(jobs: Any, port: int | None, addr: str) -> Any:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    engine = database(args)
+    stop = StopSignals("drain").install()
     try:
-        migrate.require_schema(engine)
-        with engine.connect() as conn:
-            total = store.pending_count(conn)
-    except BaseException:
-        engine.dispose()
-        raise
+        return drain(args, stop)
+    finally:
+        stop.restore()
+
+
+def drain(args: argparse.Namespace, stop: StopSignals) -> int:
+    engine, total = backlog(args)
     relay = BrokerLoop(broker_for(args.broker), name="outbox-drain")
-    relay.start()
+    with signals_blocked():
+        relay.start()
     with repeats_dropped():  # the adapter retries, and warns, every 0.2 s
-        connected = relay.wait_connected(CONNECT_WAIT_S)
-    if not connected:
+        connected = wait_connected(relay, stop)
+    if stop.received or not connected:
         relay.stop(2.0)
         engine.dispose()
+        if stop.received:
+            return report_drain(SweepResult(), total, 0.0, stop.received)
         raise OutboxError(f"broker {mask_url(args.broker)} unreachable; nothing was touched")
     sweeper = Sweeper(engine, relay, Settings())
     progress = Progress(total) if sys.stderr.isatty() else None
     started = time.monotonic()
+    work = Background(lambda: drain_passes(sweeper, args.concurrency, progress))
+    with signals_blocked():  # the sweeps' threads leave the signals to this one
+        work.start()
+    stopped_by, finished = await_drain(work, stop, sweeper, args.stop_timeout)
+    if progress:
+        progress.close()
+    seconds = time.monotonic() - started
+    if not finished:  # a batch's transaction is open: exiting rolls it back (rows pending)
+        exit_now(report_drain(sweeper.totals, total, seconds, stopped_by, late=True))
     try:
-        result = sweeper.sweep(args.concurrency, min_age_s=0, due_only=False, on_batch=progress)
-        for _ in range(DRAIN_PASSES - 1):  # failed rows are pending again: give them more tries
-            if result.failed == 0:
-                break
-            again = sweeper.sweep(args.concurrency, min_age_s=0, due_only=False, on_batch=progress)
-            result.sent += again.sent
-            result.dead += again.dead
-            result.failed = again.failed
+        result = work.result()
     finally:
         relay.stop(2.0)
         engine.dispose()
-        if progress:
-            progress.close()
-    seconds = time.monotonic() - started
+    return report_drain(result, total, seconds, stopped_by)
+
+
+def backlog(args: argparse.Namespace) -> tuple[Engine, int]:
+    """The engine for --db, once the schema is checked, and the pending count."""
+    engine = database(args)
+    try:
+        migrate.require_schema(engine)
+        with engine.connect() as conn:
+            return engine, store.pending_count(conn)
+    except BaseException:
+        engine.dispose()
+        raise
+
+
+def wait_connected(relay: BrokerLoop, stop: StopSignals) -> bool:
+    """Wait for the broker up to CONNECT_WAIT_S, or until a stop signal."""
+    deadline = time.monotonic() + CONNECT_WAIT_S
+    while not relay.wait_connected(SIGNAL_CHECK_S):
+        if stop.received or time.monotonic() > deadline:
+            return False
+    return True
+
+
+def drain_passes(
+    sweeper: Sweeper, concurrency: int, progress: Callable[[int], None] | None
+) -> SweepResult:
+    result = sweeper.sweep(concurrency, min_age_s=0, due_only=False, on_batch=progress)
+    for _ in range(DRAIN_PASSES - 1):  # failed rows are pending again: give them more tries
+        if result.failed == 0 or sweeper.stopping:
+            break
+        again = sweeper.sweep(concurrency, min_age_s=0, due_only=False, on_batch=progress)
+        result.sent += again.sent
+        result.dead += again.dead
+        result.failed = again.failed
+    return result
+
+
+def await_drain(
+    work: Background, stop: StopSignals, sweeper: Sweeper, timeout: float
+) -> tuple[int | None, bool]:
+    """Wait for the drain; after a stop signal, ``timeout`` more seconds at most for the
+    batches in flight. The signal that stopped it (None: it ended by itself), and
+    whether the work ended (False: batches still in flight at the deadline).
+
+    The main thread looks for a signal every SIGNAL_CHECK_S: its handler only notes it
+    (see relay.cli.stopping), and a join cannot be interrupted without an exception.
+    """
+    while (signum := stop.received) is None:
+        work.join(SIGNAL_CHECK_S)
+        if not work.is_alive():
+            return None, True
+    log.info("%s: stopping (deadline %.0f s): finishing the batches in flight", stop.name, timeout)
+    sweeper.stop()
+    work.join(timeout)
+    return signum, not work.is_alive()
+
+
+def report_drain(
+    result: SweepResult, total: int, seconds: float, stopped_by: int | None, late: bool = False
+) -> int:
+    """Print the summary line; the exit status (128 + the signal when one stopped it)."""
+    if stopped_by is not None:
+        why = f" (stopped by {signal.Signals(stopped_by).name}"
+        why += "; stop timeout passed: the batches in flight stay pending)" if late else ")"
+    else:
+        why = " (stopped: broker unreachable)" if result.aborted else ""
     print(
         f"drained: sent={result.sent} retry_later={result.failed} dead={result.dead}",
         f"of {total} pending in {seconds:.2f} s ({result.sent / max(seconds, 1e-9):,.0f} msg/s)"
-        + (" (stopped: broker unreachable)" if result.aborted else ""),
+        + why,
     )
+    if stopped_by is not None:
+        return exit_status(stopped_by)
     ok = result.failed == 0 and result.dead == 0 and not result.aborted
     return EXIT_OK if ok else EXIT_FAILED
+
+
+class Background(threading.Thread):
+    """Runs ``work`` in a thread of its own; ``result()`` returns or raises what it did."""
+
+    def __init__(self, work: Callable[[], SweepResult]) -> None:
+        super().__init__(name="outbox-drain", daemon=True)
+        self._work = work
+        self._result: SweepResult | None = None
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._result = self._work()
+        except BaseException as exc:  # handed to the main thread by result()
+            self._error = exc
+
+    def result(self) -> SweepResult:
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None, "result() before the work ended"
+        return self._result
 
 
 @contextmanager
