@@ -27,7 +27,9 @@ def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str
 def migrated(url: str) -> Iterator[Engine]:
     """An engine on ``url`` once the outbox's tables are there; disposed afterwards."""
     migrate.upgrade(url)
-    eng = create_engine(url)
+    # SQLite's busy handler is not fair: on a loaded machine one of ten writing threads
+    # can wait past the default 5 s for the lock ("database is locked").
+    eng = create_engine(url, connect_args={"timeout": 60} if url.startswith("sqlite") else {})
     try:
         yield eng
     finally:
