@@ -6,6 +6,7 @@ server at OUTBOX_TEST_PG is down. `make test` starts it first.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -38,10 +39,10 @@ def sqlite_url(tmp_path: os.PathLike[str]) -> str:
     return f"sqlite:///{tmp_path}/outbox.sqlite"
 
 
-@pytest.fixture
-def mariadb_url() -> Iterator[str]:
-    """A MariaDB database of this test's own."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
+@contextlib.contextmanager
+def scratch_mariadb(prefix: str = "t") -> Iterator[str]:
+    """The URL of a new MariaDB database, dropped at the end of the block."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = create_engine(MARIADB_URL, poolclass=NullPool)
     with admin.begin() as conn:
         conn.execute(text(f"CREATE DATABASE `{name}`"))
@@ -51,6 +52,13 @@ def mariadb_url() -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(text(f"DROP DATABASE `{name}`"))
         admin.dispose()
+
+
+@pytest.fixture
+def mariadb_url() -> Iterator[str]:
+    """A MariaDB database of this test's own."""
+    with scratch_mariadb() as url:
+        yield url
 
 
 @pytest.fixture(params=["postgresql", "sqlite", "mariadb"])

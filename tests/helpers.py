@@ -6,9 +6,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy.pool import NullPool
 
-from outbox import migrate
+from outbox import migrate, outbox_message
 from relay.brokers import Broker
 from relay.halfop.protocol import LocalTransactionState, TransactionListener, TransactionMessage
 from relay.loop import BrokerLoop
@@ -34,6 +35,16 @@ def migrated(url: str) -> Iterator[Engine]:
         yield eng
     finally:
         eng.dispose()
+
+
+def unsent(db: str) -> int:
+    """Rows of ``db``'s outbox not (yet) marked sent."""
+    engine = create_engine(db, poolclass=NullPool)
+    with engine.connect() as conn:
+        t = outbox_message
+        found = conn.execute(select(func.count()).where(t.c.status != "sent")).scalar_one()
+    engine.dispose()
+    return int(found)
 
 
 def running(broker: Broker, loops: list[BrokerLoop]) -> BrokerLoop:

@@ -23,14 +23,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, func, make_url, select
-from sqlalchemy.pool import NullPool
+from sqlalchemy import make_url
 
-from outbox.table import outbox_message
 from relay.brokers.nats import read_stream
 from relay.testing.embedded import NatsServer, free_port
 from tests.acceptance.prefork_apps import SWEEPER_AGE_S
-from tests.helpers import wait_until
+from tests.helpers import unsent, wait_until
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:This process .* is multi-threaded:DeprecationWarning"  # Python 3.12+ on fork
@@ -95,17 +93,8 @@ def post_until(port: int, served: Served, done: Callable[[set[int]], bool]) -> N
             served.update(pool.map(lambda n: post(port, n), range(first, first + 24)))
 
 
-def pending(db: str) -> int:
-    engine = create_engine(db, poolclass=NullPool)
-    with engine.connect() as conn:
-        t = outbox_message
-        found = conn.execute(select(func.count()).where(t.c.status != "sent")).scalar_one()
-    engine.dispose()
-    return int(found)
-
-
 def delivered_once(nats_server: NatsServer, name: str, pg_url: str, served: Served) -> None:
-    wait_until(lambda: pending(pg_url) == 0, timeout=60, what="every row marked sent")
+    wait_until(lambda: unsent(pg_url) == 0, timeout=60, what="every row marked sent")
     seen = Counter(m.msg_id for m in asyncio.run(read_stream(nats_server.url, name)))
     lost, phantom = set(served) - set(seen), set(seen) - set(served)
     duplicates = sum(n - 1 for n in seen.values())
@@ -134,7 +123,7 @@ def test_gunicorn_preload_with_3_workers_delivers_every_message_once_by_the_fast
     served: Served = {}
     try:
         post_until(port, served, lambda pids: len(pids) == 3)
-        wait_until(lambda: pending(pg_url) == 0, timeout=60, what="the first rows sent")
+        wait_until(lambda: unsent(pg_url) == 0, timeout=60, what="the first rows sent")
         gone = max(set(served.values()))  # nothing of its own left to publish: all sent
         os.kill(gone, signal.SIGTERM)  # graceful: its atexit ob.stop() runs in the child
         first = set(served.values())

@@ -27,7 +27,7 @@ from outbox.errors import ConfigError, WrongDatabase
 from outbox.table import outbox_message
 from outbox.target import search_path_setting
 from relay.testing import scratch_schema
-from tests.conftest import MARIADB_URL, PG_URL
+from tests.conftest import PG_URL, scratch_mariadb
 from tests.flavours import drive, enter, maybe
 
 SECRET = "s3cret-pw"
@@ -110,16 +110,8 @@ class Home:
 @pytest.fixture
 def other_mariadb_url() -> Iterator[str]:
     """A second MariaDB database of this test's own (mariadb_url gives the first)."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(MARIADB_URL, poolclass=NullPool)
-    with admin.begin() as conn:
-        conn.execute(text(f"CREATE DATABASE `{name}`"))
-    try:
-        yield MARIADB_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f"DROP DATABASE `{name}`"))
-        admin.dispose()
+    with scratch_mariadb() as url:
+        yield url
 
 
 @pytest.fixture

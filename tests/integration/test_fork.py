@@ -21,17 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy import Engine, create_engine
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import NullPool
 
-from outbox import Outbox, migrate, outbox_message
+from outbox import Outbox, migrate
 from relay.brokers.nats import read_stream
 from relay.listener import Path as RelayPath
 from relay.listener import RelayListener, Sent
 from relay.testing.embedded import NatsServer
-from tests.helpers import wait_until
+from tests.helpers import unsent, wait_until
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:This process .* is multi-threaded:DeprecationWarning"  # Python 3.12+ on fork
@@ -88,15 +87,6 @@ def sender(ob: Outbox, topic: str) -> Callable[[int], str]:
     return send
 
 
-def pending(db: str) -> int:
-    engine = create_engine(db, poolclass=NullPool)
-    with engine.connect() as conn:
-        t = outbox_message
-        found = conn.execute(select(func.count()).where(t.c.status != "sent")).scalar_one()
-    engine.dispose()
-    return int(found)
-
-
 @pytest.fixture(params=["postgresql", "mariadb", "postgresql-app-engine"])
 def target(request: pytest.FixtureRequest) -> Iterator[tuple[str, str | Engine]]:
     """(URL, what the Outbox is given): a URL, or the app's own Engine."""
@@ -143,7 +133,7 @@ def test_a_child_sends_by_the_fast_path_and_the_parent_goes_on(
 
         after = [send(200 + n) for n in range(20)]  # on the connections pooled before the fork
         wait_until(lambda: fast.ids >= set(after), timeout=30, what="the parent's later sends")
-        wait_until(lambda: pending(url) == 0, timeout=30, what="every row marked sent")
+        wait_until(lambda: unsent(url) == 0, timeout=30, what="every row marked sent")
     finally:
         ob.stop()
     committed = before + from_child["ids"] + after
@@ -179,7 +169,7 @@ def test_a_child_of_a_stopped_outbox_starts_no_relay(
         assert ob.stats is not None  # the parent's relay still runs
     finally:
         ob.stop()
-    assert pending(pg_url) == 2  # both rows wait for a sweeper
+    assert unsent(pg_url) == 2  # both rows wait for a sweeper
 
 
 def test_the_fork_hook_keeps_no_outbox_alive(pg_url: str) -> None:
@@ -223,7 +213,7 @@ def test_an_async_outbox_in_a_child_sends_by_the_fast_path(
         from_child = in_child(child, tmp_path / "child.json")
         after = asyncio.run(send_all(200))
         wait_until(lambda: fast.ids >= set(before + after), timeout=30, what="the parent's sends")
-        wait_until(lambda: pending(pg_url) == 0, timeout=30, what="every row marked sent")
+        wait_until(lambda: unsent(pg_url) == 0, timeout=30, what="every row marked sent")
     finally:
         ob.stop()
     delivered = [m.msg_id for m in asyncio.run(read_stream(nats_server.url, name))]

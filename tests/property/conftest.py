@@ -3,17 +3,15 @@ function-scoped fixtures of tests/conftest.py would be shared across them anyway
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.pool import NullPool
+from sqlalchemy import Engine, create_engine
 
 from outbox import migrate
 from relay.testing import scratch_schema
-from tests.conftest import MARIADB_URL, PG_URL
+from tests.conftest import PG_URL, scratch_mariadb
 
 
 @pytest.fixture(scope="module")
@@ -29,19 +27,11 @@ def pg_engine() -> Iterator[Engine]:
 @pytest.fixture(scope="module")
 def mariadb_engine() -> Iterator[Engine]:
     """A migrated MariaDB database of this module's own."""
-    name = f"prop_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(MARIADB_URL, poolclass=NullPool)
-    with admin.begin() as conn:
-        conn.execute(text(f"CREATE DATABASE `{name}`"))
-    try:
-        engine = create_engine(MARIADB_URL.rsplit("/", 1)[0] + f"/{name}")
+    with scratch_mariadb("prop") as url:
+        engine = create_engine(url)
         migrate.upgrade(engine)
         yield engine
         engine.dispose()
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f"DROP DATABASE `{name}`"))
-        admin.dispose()
 
 
 @pytest.fixture(scope="module")
