@@ -30,8 +30,8 @@ from sqlalchemy import (
     Uuid,
     text,
 )
-from sqlalchemy.engine import Dialect
 from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from alembic import context, op
 
 from outbox.errors import ConfigError
-from outbox.table import db_now, session_now, time_type
+from outbox.table import db_now, session_now
 
 revision = "0003"
 down_revision = "0002"
@@ -68,7 +68,7 @@ def downgrade() -> None:
 def written_zone() -> str:
     """The zone the old rows are in, as SQL (``:zone`` bound by convert): the one named in
     OUTBOX_MIGRATE_FROM_TIME_ZONE, else the server's global zone."""
-    source = ":zone" if os.environ.get(ZONE_ENV, "").strip() else "@@global.time_zone"
+    source = ":zone" if zone_name() else "@@global.time_zone"
     if not context.is_offline_mode():
         known = op.get_bind().execute(zone_sql(f"SELECT CONVERT_TZ('2001-01-01', {source}, {UTC})"))
         if known.scalar() is None:
@@ -114,7 +114,6 @@ def convert(table: str, columns: tuple[str, ...], source: str, target: str) -> N
     op.execute(zone_sql(f"UPDATE {table} SET {sets}"))
 
 
-def set_default(table: str, default: sa.ColumnElement[object]) -> None:
-    op.alter_column(
-        table, "created_at", server_default=default, existing_type=time_type, existing_nullable=False
-    )
+def set_default(table: str, default: db_now) -> None:
+    # Only the default (ALTER COLUMN ... SET DEFAULT): metadata, no copy of the table.
+    op.alter_column(table, "created_at", server_default=default)
