@@ -2,11 +2,15 @@
 
 Alembic migrations in ``migrations/`` (installed as ``outbox.migrations``) create it;
 a test checks that the migrated schema and this definition agree.
+
+One clock: every time in these tables is UTC, written by the database (``db_now``), on
+every backend and whatever the time zone of the session that writes or reads it.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -22,10 +26,12 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    TypeDecorator,
     Uuid,
     text,
 )
 from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
@@ -45,11 +51,45 @@ metadata = MetaData(
 )
 
 
+class UtcDateTime(TypeDecorator[datetime]):
+    """A point in time, stored in UTC: ``timestamptz`` on PostgreSQL, ``DATETIME(6)`` on
+    MariaDB, text on SQLite.
+
+    MariaDB's DATETIME and SQLite's text hold no zone, and their drivers drop an aware
+    datetime's offset (PyMySQL sends 10:00+02:00 as 10:00): a bound value is converted
+    to UTC first, and a naive one is taken as UTC. Values read back are aware, in UTC.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name in ("mysql", "mariadb"):
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(DateTime(timezone=True))
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None or value.tzinfo is None:
+            return value
+        value = value.astimezone(UTC)
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 class db_now(FunctionElement[datetime]):  # lower case: reads like the SQL function it is
-    """The database clock, with sub-second precision on every supported dialect."""
+    """The database clock in UTC, with sub-second precision on every supported dialect.
+
+    The one "now" of the project: column defaults, ``sent_at`` and every age the relay
+    compares (sweeper age, backoff, retention, ``outbox status``). It never depends on the
+    session's time zone, so apps and relays in different zones agree.
+    """
 
     inherit_cache = True
-    type = DateTime(timezone=True)
+    type = UtcDateTime()
 
 
 @compiles(db_now)
@@ -59,8 +99,9 @@ def _db_now_default(element: db_now, compiler: SQLCompiler, **kw: object) -> str
 
 @compiles(db_now, "postgresql")
 def _db_now_postgresql(element: db_now, compiler: SQLCompiler, **kw: object) -> str:
-    # CURRENT_TIMESTAMP is the transaction's start: a long transaction would hand the
-    # sweeper a row that looks old the moment it commits, racing the fast path.
+    # timestamptz: an instant, whatever the session's TimeZone. CURRENT_TIMESTAMP is the
+    # transaction's start: a long transaction would hand the sweeper a row that looks old
+    # the moment it commits, racing the fast path.
     return "statement_timestamp()"
 
 
@@ -73,6 +114,22 @@ def _db_now_sqlite(element: db_now, compiler: SQLCompiler, **kw: object) -> str:
 @compiles(db_now, "mysql")
 @compiles(db_now, "mariadb")
 def _db_now_mysql(element: db_now, compiler: SQLCompiler, **kw: object) -> str:
+    # CURRENT_TIMESTAMP into a DATETIME is the session's local time: a session in +01:00
+    # would write rows that look an hour younger. Parentheses: MySQL 8 takes a function
+    # other than CURRENT_TIMESTAMP as a column default only in them.
+    return "(UTC_TIMESTAMP(6))"
+
+
+class session_now(db_now):
+    """The default migrations 0001 and 0002 created, kept so that they replay as they ran:
+    on MariaDB the writing session's local time. Migration 0003 moves MariaDB to UTC."""
+
+    inherit_cache = True
+
+
+@compiles(session_now, "mysql")
+@compiles(session_now, "mariadb")
+def _session_now_mysql(element: session_now, compiler: SQLCompiler, **kw: object) -> str:
     return "CURRENT_TIMESTAMP(6)"
 
 
@@ -80,7 +137,7 @@ def _db_now_mysql(element: db_now, compiler: SQLCompiler, **kw: object) -> str:
 # and its DATETIME drops fractions of a second unless asked.
 id_type = BigInteger().with_variant(Integer(), "sqlite")
 payload_type = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
-time_type = DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+time_type = UtcDateTime()
 
 outbox_message = Table(
     "outbox_message",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
@@ -118,9 +118,10 @@ def pending_among(conn: Connection, msg_ids: Sequence[str]) -> set[str]:
 
 
 def db_clock(conn: Connection) -> datetime:
-    """-- db_clock -- the database's now: every age the relay compares is on this clock."""
-    now = conn.execute(select(db_now())).scalar_one()
-    return now if now.tzinfo else now.replace(tzinfo=UTC)
+    """-- db_clock -- the database's now, in UTC: every age the relay compares is on this
+    clock, whatever the session's time zone (see outbox.table.db_now)."""
+    now: datetime = conn.execute(select(db_now())).scalar_one()
+    return now
 
 
 # A claim brings payloads up to LOAD_PAYLOAD_BYTES / limit each (so at most about 4 MiB

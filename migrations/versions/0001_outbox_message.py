@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from outbox.table import db_now, id_type, payload_type, time_type
+from outbox.table import id_type, payload_type, session_now, time_type
 
 revision = "0001"
 down_revision = None
@@ -28,7 +28,7 @@ def upgrade() -> None:
         sa.Column("key", sa.String(255)),
         sa.Column("headers", sa.JSON()),
         sa.Column("payload", payload_type, nullable=False),
-        sa.Column("created_at", time_type, nullable=False, server_default=db_now()),
+        sa.Column("created_at", time_type, nullable=False, server_default=session_now()),
         sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
         sa.Column("next_attempt_at", time_type),
         sa.Column("last_error", sa.Text()),

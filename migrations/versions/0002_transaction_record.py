@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from outbox.table import db_now, time_type
+from outbox.table import session_now, time_type
 
 revision = "0002"
 down_revision = "0001"
@@ -24,7 +24,7 @@ def upgrade() -> None:
         sa.Column("transaction_id", sa.String(64), nullable=False),
         sa.Column("producer_group", sa.String(255), nullable=False),
         sa.Column("msg_id", sa.Uuid(), nullable=False),
-        sa.Column("created_at", time_type, nullable=False, server_default=db_now()),
+        sa.Column("created_at", time_type, nullable=False, server_default=session_now()),
         sa.PrimaryKeyConstraint("transaction_id", name="pk_outbox_transaction_record"),
     )
 

@@ -50,8 +50,8 @@ def check_all_succeeded(db: str) -> None:
     runs = migrate_at_once(db)
     failed = [r.stderr for r in runs if r.returncode != 0]
     assert failed == [], failed
-    assert all("outbox schema at 0002" in r.stdout for r in runs)
-    assert versions(db) == ["0002"], "the schema is at head, once"
+    assert all("outbox schema at 0003" in r.stdout for r in runs)
+    assert versions(db) == ["0003"], "the schema is at head, once"
     assert tables(db) == OUTBOX_TABLES
     assert schema_diff(db) == []
 

@@ -42,7 +42,7 @@ def schema_diff(url: str) -> list[object]:
 def test_upgrade_downgrade_upgrade(any_db: str) -> None:
     migrate.upgrade(any_db)
     assert tables(any_db) == OUTBOX_TABLES
-    assert migrate.current_revision(any_db) == "0002"
+    assert migrate.current_revision(any_db) == "0003"
     migrate.downgrade(any_db)
     assert tables(any_db) == {migrate.VERSION_TABLE}
     assert migrate.current_revision(any_db) is None
@@ -91,7 +91,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 def test_cli_migrate_is_idempotent(pg_url: str) -> None:
     first = run_cli("migrate", "--db", pg_url)
     assert first.returncode == 0, first.stderr
-    assert "outbox schema at 0002" in first.stdout
+    assert "outbox schema at 0003" in first.stdout
     second = run_cli("migrate", "--db", pg_url)
     assert second.returncode == 0, second.stderr
     assert tables(pg_url) == OUTBOX_TABLES
