@@ -15,8 +15,11 @@ from relay.halfop.protocol import LocalTransactionState, TransactionListener, Tr
 from relay.loop import BrokerLoop
 
 
-def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
-    """Poll ``condition`` until it is true; fail with ``what`` after ``timeout`` seconds."""
+def wait_until(condition: Callable[[], object], timeout: float = 60.0, what: str = "") -> None:
+    """Poll ``condition`` until it is true; fail with ``what`` after ``timeout`` seconds.
+
+    The deadline is a safety net, not a speed bound: on a loaded 2-core machine a relay
+    may take many seconds for what takes milliseconds when idle."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:

@@ -282,7 +282,7 @@ def test_a_half_without_real_topic_does_not_stop_the_coordinator(
         create_stream(url, name, f"{prefix}.>")
         asyncio.run(inject())
         good = producer.send_in_transaction(f"{prefix}.orders", b"y")
-        wait_until(lambda: stored(url, name) == [good.msg_id], timeout=20, what="the good one")
+        wait_until(lambda: stored(url, name) == [good.msg_id], timeout=60, what="the good one")
         wait_until(
             lambda: "no-real-topic" in stored(url, CHECK_MAX_TOPIC), timeout=20, what="the bad one"
         )

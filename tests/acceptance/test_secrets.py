@@ -187,7 +187,7 @@ def test_the_library_repr_errors_and_logs(pg_url: str, caplog: pytest.LogCapture
     clean(str(refused.value))
     ob.start()  # the broker is down: the adapter logs its failed connects
     try:
-        wait_until(lambda: "nats://***@127.0.0.1" in caplog.text, timeout=20, what="a log line")
+        wait_until(lambda: "nats://***@127.0.0.1" in caplog.text, timeout=60, what="a log line")
     finally:
         ob.stop()
     clean(caplog.text)

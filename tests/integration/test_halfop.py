@@ -175,7 +175,7 @@ def test_always_unknow_is_discarded_after_check_max(
         listener = Scripted(lambda m: UNKNOW, UNKNOW)
         p = producer(nats_server.url, listener, producers)
         result = p.send_in_transaction(f"{prefix}.orders", b"x")
-        wait_until(lambda: c.stats.discarded == 1, timeout=15, what="the half discarded")
+        wait_until(lambda: c.stats.discarded == 1, timeout=60, what="the half discarded")
     finally:
         c.stop()
     discarded = asyncio.run(read_stream(nats_server.url, CHECK_MAX_TOPIC))
