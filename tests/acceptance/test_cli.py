@@ -201,7 +201,7 @@ def test_coordinator_command_settles_transactions(
                 [m.msg_id for m in asyncio.run(read_stream(nats_server.url, name))]
                 == [result.msg_id]
             ),
-            timeout=20,
+            timeout=60,
             what="the committed message on its real topic",
         )
     finally:

@@ -156,7 +156,7 @@ def test_unknow_then_check_back_commits(
     assert result.local_state is UNKNOW
     wait_until(
         lambda: real_ids(nats_server, name) == [result.msg_id],
-        timeout=10,
+        timeout=60,
         what="delivery after check",
     )
     assert listener.checks[result.msg_id] >= 1 and coordinator.stats.check_requests >= 1
@@ -235,7 +235,7 @@ def test_killed_producer_is_covered_by_another_of_its_group(
     assert code == -signal.SIGKILL and state == "COMMIT_MESSAGE"
     wait_until(
         lambda: real_ids(nats_server, name) == [msg_id],
-        timeout=15,
+        timeout=60,
         what="the survivor's check answer",
     )
     assert survivor.checks_answered >= 1
@@ -342,6 +342,6 @@ def test_a_malformed_half_does_not_stop_the_coordinator(
     good = p.send_in_transaction(f"{prefix}.orders", b"y")
     wait_until(
         lambda: set(real_ids(nats_server, name)) == {bad.msg_id, good.msg_id},
-        timeout=15,
+        timeout=60,
         what="both",
     )
