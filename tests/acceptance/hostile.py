@@ -68,17 +68,33 @@ def raw(body: Any) -> bytes:
     return json.dumps(body).encode()  # ensure_ascii: "\ud800" travels as an escape
 
 
-# Bodies mixing valid values with the hostile kinds, for the property tests.
-text = st.one_of(st.text(max_size=45), st.sampled_from(["A-1", "D1", "D9", "x" * 40]))
-anything = st.one_of(st.none(), st.booleans(), st.floats(), st.lists(st.integers(), max_size=2))
-bodies = st.fixed_dictionaries(
-    {},
-    optional={
-        "sku": st.one_of(text, anything, st.integers()),
-        "quantity": st.one_of(st.integers(), st.integers(-(2**33), 2**33), text, anything),
-        "dock": st.one_of(text, anything, st.integers()),
-    },
+# For the property tests: a valid body, then up to two fields replaced by anything or left out.
+printable = st.characters(codec="utf-8", categories=["L", "N", "P", "S"])
+valid = st.fixed_dictionaries(
+    {
+        "sku": st.text(printable, min_size=1, max_size=40),
+        "quantity": st.integers(1, 2**31 - 1),
+        "dock": st.sampled_from(["D1", "D2", "D9"]),  # D9 is closed: 409
+    }
 )
+text = st.one_of(st.text(max_size=45), st.text(printable, max_size=45).map(lambda t: f" {t}"))
+anything = st.one_of(st.none(), st.booleans(), st.floats(), st.lists(st.integers(), max_size=2))
+REPLACEMENTS = {
+    "sku": st.one_of(text, anything, st.integers()),
+    "quantity": st.one_of(st.integers(), st.integers(-(2**33), 2**33), text, anything),
+    "dock": st.one_of(text, anything, st.integers()),
+}
+
+
+@st.composite
+def bodies(draw: st.DrawFn) -> dict[str, Any]:
+    body = draw(valid)
+    for field in draw(st.sets(st.sampled_from(sorted(REPLACEMENTS)), max_size=2)):
+        if draw(st.booleans()):
+            del body[field]
+        else:
+            body[field] = draw(REPLACEMENTS[field])
+    return body
 
 
 def expected_status(body: dict[str, Any]) -> int:

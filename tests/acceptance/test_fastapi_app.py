@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from sqlalchemy import Engine, create_engine, func, make_url, select
 
 from examples.webapp.app import inbound
@@ -179,7 +179,7 @@ def test_hostile_values_get_422_naming_the_field_and_write_nothing(
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(body=bodies)
+@given(body=bodies())
 def test_any_body_gets_201_409_or_422_and_only_a_201_writes(
     service: str, pg_engine: Engine, body: dict[str, Any]
 ) -> None:
@@ -188,6 +188,7 @@ def test_any_body_gets_201_409_or_422_and_only_a_201_writes(
     reply = httpx.post(f"{service}/inbound", content=raw(body),
                        headers={"content-type": "application/json"}, timeout=60)  # fmt: skip
     assert reply.status_code == expected_status(body), (body, reply.text[:300])
+    event(f"answered {reply.status_code}")  # --hypothesis-show-statistics: the mix
     if reply.status_code == 201:
         stored = select(inbound.c.sku, inbound.c.quantity, inbound.c.dock)
         with pg_engine.connect() as conn:
