@@ -15,15 +15,9 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 
 from sqlalchemy import Connection, Engine, insert, make_url
 from sqlalchemy.exc import UnboundExecutionError
-from sqlalchemy.ext.asyncio import (
-    AsyncEngine,
-    AsyncSession,
-    async_scoped_session,
-    async_sessionmaker,
-)
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
-from outbox import forks, tracing
+from outbox import aio, forks, tracing
 from outbox.config import (
     Settings,
     async_engine_from,
@@ -41,18 +35,28 @@ from outbox.table import outbox_message
 from outbox.target import mismatch
 from outbox.tracking import remember, stage
 
-if TYPE_CHECKING:  # types only: the relay itself is imported by start()
+if TYPE_CHECKING:  # types only: the relay itself is imported by start(), asyncio by aio
+    from sqlalchemy.ext.asyncio import (
+        AsyncEngine,
+        AsyncSession,
+        async_scoped_session,
+        async_sessionmaker,
+    )
+
     from relay.dispatcher import Dispatcher
     from relay.listener import Listeners, RelayListener
     from relay.loop import BrokerLoop
     from relay.stats import Stats
     from relay.worker import RelayJobs
 
+    AnySession = (
+        Session | scoped_session[Session] | AsyncSession | async_scoped_session[AsyncSession]
+    )
+    AnyFactory = sessionmaker[Session] | async_sessionmaker[AsyncSession]
+
 INSERT_MESSAGE = insert(outbox_message)
 P = ParamSpec("P")
 R = TypeVar("R")
-AnySession = Session | scoped_session[Session] | AsyncSession | async_scoped_session[AsyncSession]
-AnyFactory = sessionmaker[Session] | async_sessionmaker[AsyncSession]
 
 log = logging.getLogger("outbox")
 
@@ -92,9 +96,9 @@ class Outbox:
         timeout = self.settings.connect_timeout_s
         self._async_engine: AsyncEngine | None = None
         self._owns_async_engine = True
-        if isinstance(db, AsyncEngine) or (isinstance(db, str) and is_async_url(db)):
+        if aio.is_async_engine(db) or (isinstance(db, str) and is_async_url(db)):
             self._async_engine = async_engine_from(db, timeout)
-            self._owns_async_engine = not isinstance(db, AsyncEngine)
+            self._owns_async_engine = not aio.is_async_engine(db)
             # Its own sync engine: an async engine's sync_engine cannot run on another thread.
             source = db if isinstance(db, str) else given_url(self._async_engine)  # with options
             self.engine = engine_from(sync_url(make_url(source)), timeout)
@@ -104,7 +108,7 @@ class Outbox:
             self.engine = engine_from(db, timeout)
         self.session_factory: sessionmaker[Session] = sessionmaker(self.engine)
         self._async_factory: async_sessionmaker[AsyncSession] | None = None
-        if isinstance(session_factory, async_sessionmaker):
+        if aio.is_async_factory(session_factory):
             self._async_factory = session_factory
         elif session_factory is not None:
             self.session_factory = session_factory
@@ -141,7 +145,10 @@ class Outbox:
     @property
     def async_session_factory(self) -> async_sessionmaker[AsyncSession]:
         if self._async_factory is None:
-            self._async_factory = async_sessionmaker(self.async_engine)
+            engine = self.async_engine  # imports asyncio support, or names the extra
+            from sqlalchemy.ext.asyncio import async_sessionmaker
+
+            self._async_factory = async_sessionmaker(engine)
         return self._async_factory
 
     def send(
@@ -167,7 +174,7 @@ class Outbox:
         """
         if self._start_in_child:
             self._start_after_fork()
-        staged = isinstance(session, AsyncSession | async_scoped_session)
+        staged = aio.is_async_session(session) or aio.is_async_scoped(session)
         checked = self._check_session(session)
         message = build_message(
             topic,
@@ -343,9 +350,9 @@ class Outbox:
 
     def _check_session(self, session: AnySession) -> Session:
         """The (underlying sync) Session, once it is known to write to this outbox's database."""
-        if isinstance(session, scoped_session | async_scoped_session):
+        if isinstance(session, scoped_session) or aio.is_async_scoped(session):
             session = session()
-        if isinstance(session, AsyncSession):
+        if aio.is_async_session(session):
             session = session.sync_session
         if not isinstance(session, Session):
             raise ConfigError(

@@ -8,17 +8,20 @@ import re
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from sqlalchemy import URL, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from outbox import aio
 from outbox.errors import ConfigError
 from outbox.names import check_name
 from outbox.target import connect_params, libpq_escape, libpq_words, search_path_setting
+
+if TYPE_CHECKING:  # imported by aio.require() when an async engine is made
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 CONNECT_TIMEOUT_S = 10.0  # a database host that does not answer fails after this
 RETRY_DELAYS_MS = (0, 5, 10, 25, 50, 100, 200, 300, 500, 800, 1000, 1000, 1000)
@@ -310,9 +313,15 @@ def given_url(engine: AsyncEngine) -> URL:
 def async_engine_from(
     db: str | URL | AsyncEngine, connect_timeout_s: float = CONNECT_TIMEOUT_S, **kw: Any
 ) -> AsyncEngine:
-    """An AsyncEngine for a database URL (a sync one gets its async driver), or the app's own."""
-    if isinstance(db, AsyncEngine):
+    """An AsyncEngine for a database URL (a sync one gets its async driver), or the app's own.
+
+    Without greenlet (the ``async`` extra) a ConfigError names the extra.
+    """
+    if aio.is_async_engine(db):
         return db
+    aio.require()
+    from sqlalchemy.ext.asyncio import create_async_engine
+
     try:
         url = async_url(make_url(db))
         args = timeouts(url, connect_timeout_s, None)
@@ -320,7 +329,9 @@ def async_engine_from(
             args["server_settings"] = server_settings(str(url.query["options"]))
             url = url.difference_update_query(["options"])
         engine = create_async_engine(url, connect_args=args, **kw)
-    except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as exc:
+    except ImportError as exc:  # the driver: asyncpg, aiosqlite, asyncmy
+        raise ConfigError(f"db: cannot use {mask_url(db)!r}: {exc} ({aio.INSTALL})") from None
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
         raise ConfigError(f"db: cannot use {mask_url(db)!r}: {exc}") from None
     _given_urls[engine] = make_url(db)
     if url.get_driver_name() == "asyncmy":

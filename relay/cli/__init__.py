@@ -32,6 +32,21 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     name: handler for group in GROUPS for name, handler in group.COMMANDS.items()
 }
 URL_FLAGS = ("db", "broker", "ledger")  # flags whose secrets are scrubbed from every line
+# The optional dependencies a command may import, and the extra (pyproject.toml) of each.
+EXTRA_OF = {
+    "nats": "nats",
+    "aio_pika": "rabbitmq",
+    "aiormq": "rabbitmq",
+    "redis": "redis",
+    "pyspark": "spark",
+    "pyarrow": "spark",
+    "prometheus_client": "metrics",
+    "opentelemetry": "otel",
+    "greenlet": "async",
+    "asyncpg": "async",
+    "aiosqlite": "async",
+    "asyncmy": "async",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,12 +122,22 @@ def describe_error(exc: Exception, db: str | None = None) -> str:
     """One line, without the SQL echo or a password; a database error names the database."""
     if isinstance(exc, OutboxError):
         return " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, ImportError) and (extra := EXTRA_OF.get(top_module(exc.name))):
+        return f"needs the '{extra}' extra ({exc.name} is missing): {install(extra)}"
     if isinstance(exc, SQLAlchemyError):
         orig = getattr(exc, "orig", None)
         text = first_line(str(orig if orig is not None else exc))
         where = f" (database {mask_url(db)})" if db else ""
         return f"{type(exc).__name__}: {text}{where}"
     return f"{type(exc).__name__}: {first_line(str(exc))}"
+
+
+def top_module(name: str | None) -> str:
+    return (name or "").partition(".")[0]
+
+
+def install(extra: str) -> str:
+    return f"pip install 'outbox-relay[{extra}]'"
 
 
 def first_line(text: str) -> str:

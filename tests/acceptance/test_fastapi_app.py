@@ -14,12 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, func, make_url, select
+from hypothesis import HealthCheck, event, given, settings
+from sqlalchemy import Engine, create_engine, func, make_url, select
 
 from examples.webapp.app import inbound
 from outbox.table import outbox_message
 from relay.brokers.nats import read_stream
 from relay.testing.embedded import NatsServer, free_port
+from tests.acceptance.hostile import HOSTILE, bodies, expected_status, raw
 from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,7 +121,7 @@ REFUSED = [
     ({"sku": "A-1", "quantity": True}, 422, "quantity"),
     ({"sku": "A-1"}, 422, "quantity"),
     ({"sku": "A-1", "quantity": 1, "tags": ["two words"]}, 400, "tags"),
-    ({"sku": "A-1\n", "quantity": 1}, 400, "key"),
+    ({"sku": "A-1\n", "quantity": 1}, 422, "sku"),
     ({"sku": "A-1", "quantity": 5, "dock": "D9"}, 409, "closed"),
 ]
 
@@ -139,3 +141,61 @@ def test_refused_and_rolled_back_requests_leave_no_row_and_no_message(
     assert message.msg_id == good.json()["msg_id"] and json.loads(message.data)["sku"] == "OK"
     assert message.headers["Outbox-Tags"] == "a"
     assert sent_and_pending(pg_url)[0] == {good.json()["id"]}
+
+
+def written(engine: Engine) -> tuple[int, int]:
+    """How many business rows and outbox rows exist."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(func.count()).select_from(inbound)).scalar_one()
+        messages = conn.execute(select(func.count()).select_from(outbox_message)).scalar_one()
+    return int(rows), int(messages)
+
+
+@pytest.fixture
+def pg_engine(pg_url: str) -> Iterator[Engine]:
+    engine = create_engine(pg_url)
+    yield engine
+    engine.dispose()
+
+
+def named_fields(reply: httpx.Response) -> set[str]:
+    """The body fields FastAPI's 422 detail names (``loc`` is ["body", field, ...])."""
+    return {str(error["loc"][1]) for error in reply.json()["detail"] if len(error["loc"]) > 1}
+
+
+def test_hostile_values_get_422_naming_the_field_and_write_nothing(
+    service: str, pg_engine: Engine, nats_server: NatsServer, stream: tuple[str, str]
+) -> None:
+    with httpx.Client(base_url=service, timeout=60) as client:
+        for body, field in HOSTILE:
+            reply = client.post("/inbound", content=raw(body),
+                                headers={"content-type": "application/json"})  # fmt: skip
+            assert reply.status_code == 422, (repr(body)[:80], reply.text[:300])
+            assert named_fields(reply) == {field}, (repr(body)[:80], reply.text[:300])
+    assert written(pg_engine) == (0, 0)
+    assert asyncio.run(read_stream(nats_server.url, stream[0])) == []
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(body=bodies())
+def test_any_body_gets_201_409_or_422_and_only_a_201_writes(
+    service: str, pg_engine: Engine, body: dict[str, Any]
+) -> None:
+    """Whatever the client sends: never a 5xx, a 422 names a field, a 201 stored the values."""
+    before = written(pg_engine)
+    reply = httpx.post(f"{service}/inbound", content=raw(body),
+                       headers={"content-type": "application/json"}, timeout=60)  # fmt: skip
+    assert reply.status_code == expected_status(body), (body, reply.text[:300])
+    event(f"answered {reply.status_code}")  # --hypothesis-show-statistics: the mix
+    if reply.status_code == 201:
+        stored = select(inbound.c.sku, inbound.c.quantity, inbound.c.dock)
+        with pg_engine.connect() as conn:
+            row = conn.execute(stored.where(inbound.c.id == reply.json()["id"])).one()
+        assert tuple(row) == (body["sku"], body["quantity"], body.get("dock", "D1"))
+        assert written(pg_engine) == (before[0] + 1, before[1] + 1)
+    else:
+        assert written(pg_engine) == before
+    if reply.status_code == 422:
+        assert named_fields(reply) <= {"sku", "quantity", "dock"} and named_fields(reply)
