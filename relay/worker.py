@@ -13,6 +13,7 @@ from datetime import datetime
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
 
+from outbox import migrate
 from outbox.config import Settings
 from relay.listener import RelayListener
 from relay.loop import BrokerLoop
@@ -33,12 +34,15 @@ class RelayJobs:
         retention: bool = True,
         listener: RelayListener | None = None,
     ) -> None:
+        self.engine = engine
         self.sweeper = Sweeper(engine, relay, settings, listener)
         self.listeners = self.sweeper.listeners
         self.settings = settings
         self.concurrency = concurrency
         self.retention = retention
         self._scheduler: BackgroundScheduler | None = None
+        self._schema_ok = False
+        self._schema_told: str | None = None  # the problem last logged, not to repeat it
 
     def start(self) -> None:
         scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
@@ -74,15 +78,36 @@ class RelayJobs:
 
     def _sweep(self) -> None:
         try:
-            self.sweeper.sweep(self.concurrency)
+            if self._schema_at_head():
+                self.sweeper.sweep(self.concurrency)
         except Exception:  # the next interval tries again; a failing DB must not kill the job
             log.exception("sweep failed")
 
     def _purge(self) -> None:
         try:
-            self.sweeper.purge()
+            if self._schema_at_head():
+                self.sweeper.purge()
         except Exception:
             log.exception("retention purge failed")
+
+    def _schema_at_head(self) -> bool:
+        """Sweep and purge only a schema at this package's head revision (checked until it is).
+
+        A sweeper compares row times with the database's clock: on a schema one migration
+        behind (MariaDB before 0003 wrote local times) it would take fresh rows at once or
+        recover crashed ones hours late. The fast path does not compare times and goes on.
+        """
+        if self._schema_ok:
+            return True
+        try:
+            migrate.require_schema(self.engine)
+        except migrate.SchemaProblem as problem:
+            if str(problem) != self._schema_told:
+                log.error("sweeper paused until the schema is fixed: %s", problem)
+                self._schema_told = str(problem)
+            return False
+        self._schema_ok = True
+        return True
 
 
 def shut_down(scheduler: BackgroundScheduler) -> None:

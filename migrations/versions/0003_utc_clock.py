@@ -11,7 +11,9 @@ migration converts the stored times to UTC and makes ``UTC_TIMESTAMP(6)`` the de
 What is knowable: a row holds no zone. Each was written in its session's time zone, which
 is the server's global one (``@@global.time_zone``, ``SYSTEM`` = the host's zone) unless
 the app set another; the conversion assumes that zone. If your apps ran ``SET time_zone``,
-name their zone in ``OUTBOX_MIGRATE_FROM_TIME_ZONE`` (e.g. ``+01:00``) for this run. A
+name their zone in ``OUTBOX_MIGRATE_FROM_TIME_ZONE`` (e.g. ``+01:00``) for this run: it
+applies to what apps wrote (``created_at``); what relays wrote (``sent_at``,
+``next_attempt_at``) is taken in the global zone. A
 named zone (``Europe/Paris``) needs the server's time zone tables; a local time inside a
 DST fall-back hour is ambiguous and MariaDB picks one reading. Every row is rewritten, in
 one statement per table: stop writers (apps, relays) while it runs, or a row written
@@ -36,43 +38,64 @@ branch_labels = None
 depends_on = None
 
 ZONE_ENV = "OUTBOX_MIGRATE_FROM_TIME_ZONE"
+# Who wrote each time: the app's session (created_at's default), or the relay's
+# (sent_at, next_attempt_at), whose session had the server's global zone.
 TIMES = {
-    "outbox_message": ("created_at", "next_attempt_at", "sent_at"),
-    "outbox_transaction_record": ("created_at",),
+    "outbox_message": {"created_at": "app", "next_attempt_at": "relay", "sent_at": "relay"},
+    "outbox_transaction_record": {"created_at": "app"},
 }
+GLOBAL_ZONE = "@@global.time_zone"
 UTC = "'+00:00'"
 
 
 def upgrade() -> None:
     if op.get_context().dialect.name not in ("mysql", "mariadb"):
         return
-    zone = written_zone()
-    rewrite = not is_utc(zone)
-    for table, columns in TIMES.items():
-        if rewrite and on_session_clock(table):  # once: a run that died after the ALTER did them
-            convert(table, columns, zone, UTC)
+    zones = writers_zones()
+    for table, writers in TIMES.items():
+        columns = zoned(writers, zones)
+        if columns and on_session_clock(table):  # once: a run that died after the ALTER did them
+            convert(table, {c: (zone, UTC) for c, zone in columns.items()})
         set_default(table, db_now())
 
 
 def downgrade() -> None:
     if op.get_context().dialect.name not in ("mysql", "mariadb"):
         return
-    zone = written_zone()
-    rewrite = not is_utc(zone)
-    for table, columns in TIMES.items():
-        if rewrite and not on_session_clock(table):
-            convert(table, columns, UTC, zone)
+    zones = writers_zones()
+    for table, writers in TIMES.items():
+        columns = zoned(writers, zones)
+        if columns and not on_session_clock(table):
+            convert(table, {c: (UTC, zone) for c, zone in columns.items()})
         set_default(table, session_now())
+
+
+def writers_zones() -> dict[str, str | None]:
+    """The zone (as SQL) the app's and the relay's old times are in; None where UTC."""
+    app = written_zone()
+    return {
+        "app": None if is_utc(app) else app,
+        "relay": None if is_utc(GLOBAL_ZONE) else GLOBAL_ZONE,
+    }
+
+
+def zoned(writers: dict[str, str], zones: dict[str, str | None]) -> dict[str, str]:
+    """Each column whose writer's zone is not UTC, with that zone."""
+    found = {}
+    for column, writer in writers.items():
+        if (zone := zones[writer]) is not None:
+            found[column] = zone
+    return found
 
 
 def written_zone() -> str:
     """The zone the old rows are in, as SQL (``:zone`` bound by convert): the one named in
     OUTBOX_MIGRATE_FROM_TIME_ZONE, else the server's global zone."""
-    source = ":zone" if zone_name() else "@@global.time_zone"
+    source = ":zone" if zone_name() else GLOBAL_ZONE
     if not context.is_offline_mode():
         known = op.get_bind().execute(zone_sql(f"SELECT CONVERT_TZ('2001-01-01', {source}, {UTC})"))
         if known.scalar() is None:
-            what = f"{ZONE_ENV}={zone_name()!r}" if zone_name() else "@@global.time_zone"
+            what = f"{ZONE_ENV}={zone_name()!r}" if zone_name() else GLOBAL_ZONE
             raise ConfigError(
                 f"{what}: MariaDB does not know this time zone; give an offset such as "
                 f"+01:00 in {ZONE_ENV}, or load the server's time zone tables "
@@ -109,8 +132,9 @@ def on_session_clock(table: str) -> bool:
     return str(default).lower().startswith("current_timestamp")
 
 
-def convert(table: str, columns: tuple[str, ...], source: str, target: str) -> None:
-    sets = ", ".join(f"{c} = CONVERT_TZ({c}, {source}, {target})" for c in columns)
+def convert(table: str, columns: dict[str, tuple[str, str]]) -> None:
+    """One UPDATE of ``table``: each column from its source zone to its target zone."""
+    sets = ", ".join(f"{c} = CONVERT_TZ({c}, {a}, {b})" for c, (a, b) in columns.items())
     op.execute(zone_sql(f"UPDATE {table} SET {sets}"))
 
 

@@ -26,6 +26,7 @@ from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper
 from relay.testing.embedded import NatsServer
 from relay.testing.memory import MemoryBroker
+from relay.worker import RelayJobs
 from tests.helpers import running
 
 t = outbox_message
@@ -303,3 +304,27 @@ def test_big_payloads_are_loaded_after_the_claim_a_few_at_a_time(
     assert [published[m] for m in large] == big
     assert all(published[m] == b'{"small":1}' for m in small)
     assert len(selects) == 3, "the claim, then 4 x 1 MiB, then the last 1 MiB"
+
+
+def test_a_sweeper_waits_for_the_schema_at_head(
+    pg_url: str, loops: list[BrokerLoop], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A schema one migration behind (MariaDB before 0003 wrote local times) is not swept:
+    the sweeper would compare those times with a UTC clock. A bug: the rows go out, or
+    the problem is logged on every interval instead of once."""
+    migrate.upgrade(pg_url, "0002")
+    engine = create_engine(pg_url, poolclass=NullPool)
+    try:
+        commit_messages(engine, 3)
+        age_rows(engine)
+        jobs = RelayJobs(engine, running(MemoryBroker(), loops), Settings(), retention=False)
+        jobs._sweep()
+        jobs._sweep()
+        assert statuses(engine) == Counter({"pending": 3})
+        paused = [r for r in caplog.records if "sweeper paused" in r.getMessage()]
+        assert len(paused) == 1 and "run `outbox migrate`" in paused[0].getMessage()
+        migrate.upgrade(pg_url)
+        jobs._sweep()
+        assert statuses(engine) == Counter({"sent": 3})
+    finally:
+        engine.dispose()

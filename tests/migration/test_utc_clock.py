@@ -40,12 +40,14 @@ def at_0002(mariadb_url: str) -> Iterator[Engine]:
 
 
 def write_old_rows(conn: Connection) -> None:
-    """One message and one model-B record as 0002's defaults wrote them: local time."""
+    """One message and one model-B record as 0002 wrote them: created_at by the app's
+    session (its local time), sent_at and next_attempt_at by a relay's session in the
+    server's global zone (UTC on the test server)."""
     conn.execute(
         text(
             "INSERT INTO outbox_message (msg_id, topic, payload, status, sent_at, next_attempt_at)"
-            " VALUES (:m, 't.a', 'x', 'sent', CURRENT_TIMESTAMP(6),"
-            " CURRENT_TIMESTAMP(6) + INTERVAL 5 SECOND)"
+            " VALUES (:m, 't.a', 'x', 'sent', UTC_TIMESTAMP(6),"
+            " UTC_TIMESTAMP(6) + INTERVAL 5 SECOND)"
         ),
         {"m": uuid.uuid4().hex},
     )
@@ -94,7 +96,9 @@ def test_rows_written_in_plus_one_become_utc_and_back(
 
     monkeypatch.setenv(ZONE_ENV, "+01:00")
     migrate.upgrade(mariadb_url)
-    assert stored_times(at_0002) == [t - HOUR for t in local]
+    app_written = (True, False, False, True)  # created_at, sent_at, next_attempt_at, record
+    moved = [t - HOUR if app else t for t, app in zip(local, app_written, strict=True)]
+    assert stored_times(at_0002) == moved, "the app's times from +01:00, the relay's kept"
     for table in ("outbox_message", "outbox_transaction_record"):
         assert created_default(at_0002, table) == "utc_timestamp(6)"
     with at_0002.begin() as conn:  # a new row from the same +01:00 session is UTC now
