@@ -224,6 +224,11 @@ def engine_from(
         engine = create_engine(url, connect_args=args, **kw)
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
         raise ConfigError(f"db: cannot use {mask_url(db)!r}: {exc}") from None
+    except ImportError as exc:  # the dialect's driver: PyMySQL is the `mysql` extra's
+        hint = " (pip install 'outbox-relay[mysql]')" if exc.name == "pymysql" else ""
+        raise ConfigError(
+            f"db: {mask_url(db)!r} needs the driver {exc.name!r}, not installed{hint}"
+        ) from None
     if url.get_backend_name() in ("mysql", "mariadb"):
         event.listen(engine, "connect", functools.partial(_reads_wait, read_timeout_s))
     return engine

@@ -46,6 +46,7 @@ EXTRA_OF = {
     "asyncpg": "async",
     "aiosqlite": "async",
     "asyncmy": "async",
+    "pymysql": "mysql",
 }
 
 

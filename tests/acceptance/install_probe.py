@@ -26,7 +26,8 @@ ENABLES = {
     "spark": ["relay.export", "spark_jobs.reconciliation", "spark_jobs.ledger"],
     "compare": ["relay.compare.report", "relay.compare.run"],
     "web": ["flask", "fastapi", "uvicorn", "httpx"],
-    "async": ["sqlalchemy.ext.asyncio", "asyncpg", "aiosqlite", "asyncmy"],
+    "async": ["sqlalchemy.ext.asyncio", "asyncpg", "aiosqlite", "asyncmy", "pymysql"],
+    "mysql": ["pymysql"],
 }
 ASYNC_MODULE = "sqlalchemy.ext.asyncio"
 
@@ -60,6 +61,8 @@ def main(extras: set[str], folder: str) -> None:
         assert find_binary().startswith(sys.prefix), find_binary()
     if not extras & {"spark", "compare"}:
         cli_names_the_extra(relay.cli, db, folder)
+    if not extras & {"mysql", "async"}:
+        mysql_refused()
     print("probe ok:", ",".join(sorted(extras)) or "no extra")
 
 
@@ -109,6 +112,19 @@ def async_send(db: str) -> None:
     with ob.engine.connect() as conn:
         count = conn.execute(select(func.count()).where(outbox_message.c.topic == "probe.async"))
         assert count.scalar_one() == 1
+
+
+def mysql_refused() -> None:
+    """Without PyMySQL a MariaDB URL is a ConfigError naming the `mysql` extra."""
+    from outbox import Outbox
+    from outbox.errors import ConfigError
+
+    try:
+        Outbox("mysql+pymysql://root:secret@127.0.0.1:3306/test")
+    except ConfigError as exc:
+        assert "outbox-relay[mysql]" in str(exc) and "secret" not in str(exc), str(exc)
+    else:
+        raise AssertionError("mysql+pymysql:// accepted without PyMySQL")
 
 
 def async_refused() -> None:
