@@ -69,9 +69,10 @@ class UtcDateTime(TypeDecorator[datetime]):
         return dialect.type_descriptor(DateTime(timezone=True))
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None or value.tzinfo is None:
-            return value
-        value = value.astimezone(UTC)
+        if value is None:
+            return None
+        # Naive is UTC here; PostgreSQL would read a naive timestamp in the session's zone.
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
         return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import redirect_stdout
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from io import StringIO
 from typing import Any
 from urllib.parse import quote
@@ -282,3 +282,22 @@ def test_outbox_status_oldest_age_under_a_session_zone(
     total = json.loads(out.getvalue())["total"]
     assert total["pending"] == 2
     assert 0 <= total["oldest_pending_age_s"] < LOAD_SLACK_S, total
+
+
+@pytest.mark.parametrize("zone", ["+05:00", "-05:00"])
+def test_a_naive_time_bound_to_a_time_column_is_utc(
+    db: str, zone: str, stream: tuple[str, str], engines: list[Engine]
+) -> None:
+    """A naive datetime compared with created_at means UTC on every backend: a bug would
+    have PostgreSQL read it in the session's zone, five hours off here."""
+    app = zoned(db, zone)
+    engines.append(app)
+    ids = commit(Outbox(app), app, f"{stream[1]}.clock", 1, per_tx=1)
+    now = datetime.now(UTC).replace(tzinfo=None)
+    t = outbox_message
+    window = (t.c.created_at > now - timedelta(minutes=1)) & (
+        t.c.created_at < now + timedelta(minutes=1)
+    )
+    with app.connect() as conn:
+        found = conn.execute(select(t.c.msg_id).where(window)).scalars().all()
+    assert [str(m) for m in found] == ids
