@@ -59,6 +59,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 log = logging.getLogger("outbox")
+START_RETRY_S = 5.0  # a forked child whose relay failed to start tries again on a send()
 
 
 class Outbox:
@@ -128,6 +129,7 @@ class Outbox:
         self.handed_off = 0  # of those, taken by the in-process relay
         self._start_lock = threading.Lock()
         self._start_in_child = False  # forked from a parent whose relay ran: start on send()
+        self._start_retry_at = 0.0  # after a failed start in a child, not before this
         forks.after_fork_in_child(self, Outbox._after_fork)
 
     def __repr__(self) -> str:
@@ -172,7 +174,7 @@ class Outbox:
         message, and the row is written by one INSERT (for all of the transaction's
         messages) inside the transaction, just before its COMMIT.
         """
-        if self._start_in_child:
+        if self._start_in_child and time.monotonic() >= self._start_retry_at:
             self._start_after_fork()
         staged = aio.is_async_session(session) or aio.is_async_scoped(session)
         checked = self._check_session(session)
@@ -283,9 +285,9 @@ class Outbox:
         if self.broker_url is None:
             raise ConfigError("broker: start() needs a broker URL, e.g. nats://127.0.0.1:4222")
         with self._start_lock:  # send() in a forked child may race another thread's start()
-            self._start_in_child = False
             if self._dispatcher is None:
                 self._start()
+            self._start_in_child = False  # only once started: a failed start is tried again
 
     def _start(self) -> None:
         from relay.runtime import start_relay  # the app's one import of the relay layer
@@ -301,7 +303,9 @@ class Outbox:
         try:
             self.start()
         except Exception:  # send() goes on: the row waits in the table for a sweeper
-            log.exception("starting the relay in a forked process failed")
+            self._start_retry_at = time.monotonic() + START_RETRY_S
+            log.exception("starting the relay in a forked process failed; next try in %s s",
+                          START_RETRY_S)  # fmt: skip
 
     def _after_fork(self) -> None:
         """In a forked child: new locks and pools, the parent's relay forgotten (outbox.forks)."""
@@ -311,6 +315,7 @@ class Outbox:
             forks.fresh_pool(self._async_engine.sync_engine)
         forks.abandon(self._relay, self._dispatcher, self._jobs)
         self._start_in_child = self._start_in_child or self._dispatcher is not None
+        self._start_retry_at = 0.0
         self._relay = self._dispatcher = self._jobs = self._hooks = self._stats = None
         self.committed = self.handed_off = 0
 

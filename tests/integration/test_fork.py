@@ -172,6 +172,50 @@ def test_a_child_of_a_stopped_outbox_starts_no_relay(
     assert unsent(pg_url) == 2  # both rows wait for a sweeper
 
 
+def test_a_child_whose_relay_failed_to_start_tries_again(
+    pg_url: str,
+    nats_server: NatsServer,
+    stream: tuple[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The child's first start fails (a broker blip, a missing module): its message waits
+    for a sweeper, and a later send() starts the relay after all. A bug: the child never
+    tries again and runs with no fast path for its whole life."""
+    migrate.upgrade(pg_url)
+    name, prefix = stream
+    fast = FastPath()
+    ob = Outbox(pg_url, f"{nats_server.url}?stream={name}&subjects={prefix}.>",
+                listener=fast, **NO_SWEEP)  # fmt: skip
+    send = sender(ob, f"{prefix}.fork")
+    ob.start()
+    try:
+
+        def fail_once_then_start() -> list[Any]:
+            from relay import runtime
+
+            real, calls = runtime.start_relay, []
+
+            def flaky(outbox: Outbox) -> Any:
+                calls.append(1)
+                if len(calls) == 1:
+                    raise ConnectionError("broker blip")
+                return real(outbox)
+
+            monkeypatch.setattr(runtime, "start_relay", flaky)
+            monkeypatch.setattr("outbox.api.START_RETRY_S", 0.0)
+            first = send(1)  # the start fails: this row waits for a sweeper
+            second = send(2)  # tried again: the relay starts
+            wait_until(lambda: second in fast.ids, what="the second by the fast path")
+            ob.stop()
+            return [len(calls), first in fast.ids]
+
+        assert in_child(fail_once_then_start, tmp_path / "c.json") == [2, False]
+    finally:
+        ob.stop()
+    assert unsent(pg_url) == 1  # the first child row waits for a sweeper
+
+
 def test_the_fork_hook_keeps_no_outbox_alive(pg_url: str) -> None:
     ob = Outbox(pg_url)
     gone = weakref.ref(ob)
