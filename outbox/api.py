@@ -310,14 +310,26 @@ class Outbox:
     def _after_fork(self) -> None:
         """In a forked child: new locks and pools, the parent's relay forgotten (outbox.forks)."""
         self._count_lock, self._start_lock = threading.Lock(), threading.Lock()
-        forks.fresh_pool(self.engine)  # the app's Engine too: the relay uses it
-        if self._async_engine is not None:
-            forks.fresh_pool(self._async_engine.sync_engine)
+        for engine in self._engines():  # the app's too: the relay or its sessions use them
+            forks.fresh_pool(engine)
         forks.abandon(self._relay, self._dispatcher, self._jobs)
         self._start_in_child = self._start_in_child or self._dispatcher is not None
         self._start_retry_at = 0.0
         self._relay = self._dispatcher = self._jobs = self._hooks = self._stats = None
         self.committed = self.handed_off = 0
+
+    def _engines(self) -> set[Engine]:
+        """Every sync Engine this outbox or its session factories connect through."""
+        found = {self.engine}
+        if self._async_engine is not None:
+            found.add(self._async_engine.sync_engine)
+        for factory in (self.session_factory, self._async_factory):
+            bind = factory.kw.get("bind") if factory is not None else None
+            if isinstance(bind, Engine):
+                found.add(bind)
+            elif aio.is_async_engine(bind):
+                found.add(bind.sync_engine)
+        return found
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the relay: no new work; in-flight publishes and acks finish within ``timeout``.

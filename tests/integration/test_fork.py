@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import Outbox, migrate
 from relay.brokers.nats import read_stream
@@ -214,6 +214,24 @@ def test_a_child_whose_relay_failed_to_start_tries_again(
     finally:
         ob.stop()
     assert unsent(pg_url) == 1  # the first child row waits for a sweeper
+
+
+def test_a_session_factorys_engine_gets_a_fresh_pool_in_a_child(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The app's sessions come from its own engine (``session_factory=``): that pool is
+    the parent's too, so the child gets a new one."""
+    app = create_engine(pg_url)
+    with app.connect():
+        pass  # a pooled connection of the parent's
+    ob = Outbox(pg_url, session_factory=sessionmaker(app))
+    parents = id(app.pool)
+    try:
+        assert in_child(lambda: id(app.pool) != parents, tmp_path / "d.json") is True
+        assert id(app.pool) == parents
+    finally:
+        ob.stop()
+        app.dispose()
 
 
 def test_the_fork_hook_keeps_no_outbox_alive(pg_url: str) -> None:
