@@ -188,14 +188,14 @@ def drain(args: argparse.Namespace, stop: StopSignals) -> int:
     relay = BrokerLoop(broker_for(args.broker), name="outbox-drain")
     with signals_blocked():
         relay.start()
-    with repeats_dropped():  # the adapter retries, and warns, every 0.2 s
+    with repeats_dropped():  # the adapter retries, and warns, every 0.2 s: till it stops
         connected = wait_connected(relay, stop)
-    if stop.received or not connected:
-        relay.stop(2.0)
-        engine.dispose()
-        if stop.received:
-            return report_drain(SweepResult(), total, 0.0, stop.received)
-        raise OutboxError(f"broker {mask_url(args.broker)} unreachable; nothing was touched")
+        if stop.received or not connected:
+            relay.stop(2.0)
+            engine.dispose()
+            if stop.received:
+                return report_drain(SweepResult(), total, 0.0, stop.received)
+            raise OutboxError(f"broker {mask_url(args.broker)} unreachable; nothing was touched")
     sweeper = Sweeper(engine, relay, Settings())
     progress = Progress(total) if sys.stderr.isatty() else None
     started = time.monotonic()
