@@ -186,9 +186,10 @@ def cmd_drain(args: argparse.Namespace) -> int:
 def drain(args: argparse.Namespace, stop: StopSignals) -> int:
     engine, total = backlog(args)
     relay = BrokerLoop(broker_for(args.broker), name="outbox-drain")
-    with signals_blocked():
-        relay.start()
-    with repeats_dropped():  # the adapter retries, and warns, every 0.2 s: till it stops
+    # The adapter retries, and warns, every 0.2 s: from its first try till it stops.
+    with repeats_dropped():
+        with signals_blocked():
+            relay.start()
         connected = wait_connected(relay, stop)
         if stop.received or not connected:
             relay.stop(2.0)
