@@ -49,8 +49,9 @@ class Rate:
     cpu_us: float  # CPU microseconds per message, in the measured processes
 
 
-def seed(db: str, rows: int, topic: str) -> None:
-    """Pending rows older than the sweeper age, written in bulk."""
+def seed(db: str, rows: int, topic: str) -> set[str]:
+    """Pending rows older than the sweeper age, written in bulk; their msg_ids."""
+    ids: set[str] = set()
     engine = create_engine(db, poolclass=NullPool)
     with engine.begin() as conn:
         for start in range(0, rows, 5000):
@@ -70,10 +71,12 @@ def seed(db: str, rows: int, topic: str) -> None:
                     for m in batch
                 ],
             )
+            ids.update(m.msg_id for m in batch)
         conn.execute(
             text("UPDATE outbox_message SET created_at = created_at - interval '1 minute'")
         )
     engine.dispose()
+    return ids
 
 
 def pending(db: str) -> int:

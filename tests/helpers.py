@@ -15,7 +15,9 @@ from relay.halfop.protocol import LocalTransactionState, TransactionListener, Tr
 from relay.loop import BrokerLoop
 
 
-def wait_until(condition: Callable[[], object], timeout: float = 60.0, what: str = "") -> None:
+def wait_until(
+    condition: Callable[[], object], timeout: float = 60.0, what: str = "", every: float = 0.002
+) -> None:
     """Poll ``condition`` until it is true; fail with ``what`` after ``timeout`` seconds.
 
     The deadline is a safety net, not a speed bound: on a loaded 2-core machine a relay
@@ -24,7 +26,7 @@ def wait_until(condition: Callable[[], object], timeout: float = 60.0, what: str
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
-        time.sleep(0.002)
+        time.sleep(every)
 
 
 @contextmanager

@@ -62,13 +62,7 @@ def add_relay(commands: Commands) -> None:
     rel.add_argument(
         "--retention-days", type=float, default=3.0, help="keep sent rows this long (default 3)"
     )
-    rel.add_argument(
-        "--stop-timeout",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="after SIGTERM/SIGINT, wait this long for the batch in flight (default 10)",
-    )
+    add_stop_timeout_flag(rel)
     rel.add_argument(
         "--metrics-port",
         type=int,
@@ -97,7 +91,11 @@ def add_drain(commands: Commands) -> None:
     drn.add_argument(
         "--concurrency", type=positive_int, default=2, help="sweeps side by side (default 2)"
     )
-    drn.add_argument(
+    add_stop_timeout_flag(drn)
+
+
+def add_stop_timeout_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--stop-timeout",
         type=float,
         default=10.0,

@@ -21,13 +21,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine, insert, select, text
+from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.pool import NullPool
 
+from bench import sweeper as bench_sweeper
 from outbox import migrate, outbox_message
-from outbox.message import build_message
 from relay.brokers.nats import read_stream
 from relay.testing.embedded import NatsServer
+from tests.helpers import wait_until
 
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
 ROWS = 30_000  # seconds of work even on a fast machine; the signal comes after the first batch
@@ -46,22 +47,7 @@ def db(pg_url: str) -> Iterator[Engine]:
 
 def seed(engine: Engine, topic: str, rows: int = ROWS) -> set[str]:
     """``rows`` pending rows, a minute old (due for a worker's sweeper too); their msg_ids."""
-    ids: set[str] = set()
-    with engine.begin() as conn:
-        for start in range(0, rows, 5000):
-            batch = [
-                build_message(topic, {"n": n}, max_payload_bytes=1000)
-                for n in range(start, min(rows, start + 5000))
-            ]
-            conn.execute(
-                insert(t),
-                [{"msg_id": m.msg_id, "topic": m.topic, "payload": m.payload} for m in batch],
-            )
-            ids.update(m.msg_id for m in batch)
-        conn.execute(
-            text("UPDATE outbox_message SET created_at = created_at - interval '1 minute'")
-        )
-    return ids
+    return bench_sweeper.seed(engine.url.render_as_string(hide_password=False), rows, topic)
 
 
 def by_status(engine: Engine) -> dict[str, set[str]]:
@@ -80,13 +66,8 @@ def sent_count(engine: Engine) -> int:
 
 
 def poll(condition: Callable[[], object], timeout: float, what: str) -> None:
-    """Until ``condition`` holds (checked every 50 ms: a check may be a query); fail after
-    ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+    """wait_until, checking every 50 ms: a check may be a query."""
+    wait_until(condition, timeout, what, every=0.05)
 
 
 class Command:
