@@ -1,4 +1,7 @@
-"""Counters of the relay, kept as plain integers (one writer: the relay loop).
+"""Counters of the relay, kept as plain integers.
+
+Most have one writer, the relay loop; ``held`` and ``held_peak`` are written under
+``Slots``' lock by app threads (take), the loop and the acks thread (free).
 
 Prometheus metrics count through a listener (relay.listener), not from these.
 ``Slots`` is the one count the fast path bounds its memory with (``queue_size``).
