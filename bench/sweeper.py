@@ -27,12 +27,13 @@ from pathlib import Path
 
 import nats
 from nats.errors import TimeoutError as NatsTimeout
-from sqlalchemy import create_engine, insert, text
+from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
+import outbox.rows
 from bench.fast_path import bench_schema
 from bench.report import print_rows
-from outbox import migrate, outbox_message
+from outbox import migrate
 from outbox.message import Message, build_message, sent_headers
 from relay import store
 from relay.brokers.nats import NatsBroker, create_stream
@@ -59,18 +60,7 @@ def seed(db: str, rows: int, topic: str) -> set[str]:
                 build_message(topic, {"n": n}, max_payload_bytes=1000)
                 for n in range(start, min(rows, start + 5000))
             ]
-            conn.execute(
-                insert(outbox_message),
-                [
-                    {
-                        "msg_id": m.msg_id,
-                        "topic": m.topic,
-                        "payload": m.payload,
-                        "headers": m.headers,
-                    }
-                    for m in batch
-                ],
-            )
+            outbox.rows.write(conn, batch)
             ids.update(m.msg_id for m in batch)
         conn.execute(
             text("UPDATE outbox_message SET created_at = created_at - interval '1 minute'")

@@ -8,16 +8,15 @@ import inspect
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 
-from sqlalchemy import Connection, Engine, insert, make_url
+from sqlalchemy import Connection, Engine, make_url
 from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
-from outbox import aio, forks, tracing
+from outbox import aio, forks, rows, tracing
 from outbox.config import (
     Settings,
     async_engine_from,
@@ -54,7 +53,6 @@ if TYPE_CHECKING:  # types only: the relay itself is imported by start(), asynci
     )
     AnyFactory = sessionmaker[Session] | async_sessionmaker[AsyncSession]
 
-INSERT_MESSAGE = insert(outbox_message)
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -187,9 +185,9 @@ class Outbox:
             max_payload_bytes=self.settings.max_payload_bytes,
         )
         if staged:
-            stage(checked, message, row_values(message), self._on_commit)
+            stage(checked, message, self._on_commit)
         else:
-            checked.execute(INSERT_MESSAGE, row_values(message))
+            rows.write(checked, [message])
             remember(checked, message, self._on_commit)
         return message.msg_id
 
@@ -393,17 +391,6 @@ class Outbox:
                 f"{url_of(self.engine)}: another table ({differs})"
             )
         return session
-
-
-def row_values(message: Message) -> dict[str, Any]:
-    return {
-        "msg_id": uuid.UUID(message.msg_id),
-        "topic": message.topic,
-        "tags": message.tags,
-        "key": message.key,
-        "headers": message.headers or None,
-        "payload": message.payload,
-    }
 
 
 def with_trace_context(headers: object) -> object:

@@ -19,12 +19,13 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
 
-from sqlalchemy import Engine, event, insert
+from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, SessionTransaction
 
+from outbox import rows
 from outbox.message import Message
+from outbox.table import outbox_message
 
 log = logging.getLogger("outbox.tracking")
 
@@ -60,15 +61,16 @@ def remember(session: Session, message: Message, on_commit: OnCommit) -> None:
     pending.append((current, message, on_commit))
 
 
-def stage(session: Session, message: Message, row: dict[str, Any], on_commit: OnCommit) -> None:
-    """Write ``row`` just before the outermost COMMIT, unless its transaction rolls back."""
+def stage(session: Session, message: Message, on_commit: OnCommit) -> None:
+    """Write ``message``'s row just before the outermost COMMIT, unless its transaction
+    rolls back."""
     if session.get_transaction() is None:
         session.begin()  # what the first statement would do; send() runs no statement now
     remember(session, message, on_commit)
     current = session.get_nested_transaction() or session.get_transaction()
-    staged: list[tuple[SessionTransaction | None, dict[str, Any]]]
+    staged: list[tuple[SessionTransaction | None, Message]]
     staged = session.info.setdefault(STAGED_KEY, [])
-    staged.append((current, row))
+    staged.append((current, message))
 
 
 def _before_commit(session: Session) -> None:
@@ -76,9 +78,7 @@ def _before_commit(session: Session) -> None:
         return  # a savepoint is released: its messages are written with the outer COMMIT
     staged = session.info.pop(STAGED_KEY, None)
     if staged:
-        from outbox.table import outbox_message
-
-        session.execute(insert(outbox_message), [row for _, row in staged])
+        rows.write(session, [message for _, message in staged])
     if session.info.get(PENDING_KEY):
         session.info[OUTLOOK_KEY] = commit_outlook(session)
 
@@ -91,8 +91,6 @@ def commit_outlook(session: Session) -> str:
     after_commit. A session bound to a Connection may only have joined an outer
     transaction that can still roll back: that is "uncertain", checked by the relay.
     """
-    from outbox.table import outbox_message
-
     if not isinstance(session.get_bind(clause=outbox_message), Engine):
         return UNCERTAIN
     conn = session.connection(bind_arguments={"clause": outbox_message})

@@ -134,7 +134,10 @@ MIN_INLINE_BYTES = 1024
 
 class Claimed(NamedTuple):
     """One claimed row, as the sweeper reads it (a tuple: attribute access on an
-    SQLAlchemy Row costs about a microsecond, which adds up over a batch of 500)."""
+    SQLAlchemy Row costs about a microsecond, which adds up over a batch of 500).
+
+    An ``outbox.rows.StoredRow``: ``outbox.rows.stored_message`` makes its Message.
+    """
 
     id: int
     msg_id: Any  # uuid.UUID from the Uuid column

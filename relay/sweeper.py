@@ -18,18 +18,17 @@ import logging
 import random
 import threading
 import time
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row
+from sqlalchemy import Connection, Engine
 
 from outbox.config import Settings
-from outbox.errors import InvalidHeaders, InvalidPayload
-from outbox.message import Message, recheck
+from outbox.message import Message
+from outbox.rows import KnownForms, StoredRow, stored_message
 from outbox.table import DEAD, PENDING
 from outbox.tracing import publish_span
 from relay import store
@@ -44,9 +43,6 @@ from relay.listener import Failed, Listeners, RelayListener, Sent
 from relay.loop import BrokerLoop
 
 log = logging.getLogger("relay.sweeper")
-
-# A claimed row (store.Claimed), or any row of the table read some other way.
-StoredRow = store.Claimed | Row[Any]
 
 
 @dataclass
@@ -287,81 +283,12 @@ class Cursor:
             self.claimed_up_to = max(self.claimed_up_to, row_id)
 
 
-def message_of(row: StoredRow, payload: bytes | None = None) -> Message:
-    """The message of a claimed row; ``payload`` when the claim left it out.
-
-    Rows are input too (written by hand or by an older version): a NULL payload or
-    headers that are not a JSON object raise an ``InvalidMessage`` subclass.
-    """
-    body = row.payload if payload is None else payload
-    if body is None:
-        raise InvalidPayload("payload", "is NULL in the table")
-    headers = {} if row.headers is None else row.headers
-    if not isinstance(headers, Mapping):
-        raise InvalidHeaders("headers", f"must be stored as a JSON object, got {headers!r:.80}")
-    return Message(
-        msg_id=str(row.msg_id),
-        topic=row.topic,
-        payload=bytes(body),
-        key=row.key,
-        tags=row.tags,
-        headers=dict(headers),
-    )
-
-
 def checked_message(
     row: StoredRow, payload: bytes | None = None, known: KnownForms | None = None
 ) -> Message | PublishResult:
     """The row's message if it keeps the contract ``send()`` enforces, else the row's own
     PERMANENT result: it is recorded as a failed attempt and not published."""
     try:
-        message = message_of(row, payload)
-        if known is None or not known.seen(row):
-            recheck(message)
-            if known is not None:
-                known.add(row)
+        return stored_message(row, payload, known)
     except Exception as exc:  # whatever is wrong with a stored row is that row's fault
         return permanent(f"invalid row: {exc}"[:500])
-    return message
-
-
-class KnownForms:
-    """The forms (topic, key, tags, headers) of rows that passed ``recheck``.
-
-    Whether a row keeps the contract depends on its form alone once its msg_id is a
-    ``uuid.UUID`` (the column's type: its text is canonical) and its payload bytes
-    (message_of makes it so): a row of a form already found good needs no second look.
-    Rows of one app share few forms, so this saves the per-row recheck (about 40 us a
-    row); a row of a new form, or one whose form cannot be hashed, is checked in full.
-    """
-
-    LIMIT = 4096  # forms remembered; forgotten all at once when full
-
-    def __init__(self) -> None:
-        self._good: set[tuple[Any, ...]] = set()
-
-    def seen(self, row: StoredRow) -> bool:
-        if not isinstance(row.msg_id, uuid.UUID):
-            return False
-        form = _form(row)
-        return form is not None and form in self._good
-
-    def add(self, row: StoredRow) -> None:
-        form = _form(row)
-        if form is None:
-            return
-        if len(self._good) >= self.LIMIT:
-            self._good.clear()
-        self._good.add(form)
-
-
-def _form(row: StoredRow) -> tuple[Any, ...] | None:
-    headers = row.headers
-    if headers is not None and type(headers) is not dict:
-        return None
-    form = (row.topic, row.key, row.tags, tuple(headers.items()) if headers else ())
-    try:
-        hash(form)
-    except TypeError:  # a list or an object among the values: not remembered
-        return None
-    return form

@@ -4,7 +4,7 @@ the same way once recheck() lets them through.
 
 Each example sends a few generated messages in one PostgreSQL transaction (refused
 ones must be OutboxErrors), plants a few rows by hand, reads them back as the sweeper
-does (relay.sweeper.message_of), publishes them with the real adapter and reads them
+does (outbox.rows.message_of), publishes them with the real adapter and reads them
 back from the broker the way a consumer does.
 """
 
@@ -43,8 +43,8 @@ from outbox.message import (
     sent_headers,
     uuid7,
 )
+from outbox.rows import message_of
 from relay.brokers import Broker, broker_for
-from relay.sweeper import message_of
 from relay.testing.embedded import NatsServer
 from tests.property import strategies as s
 from tests.property.test_send_input import assert_stored_as_given

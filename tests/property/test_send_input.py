@@ -18,7 +18,7 @@ from outbox import Outbox, outbox_message
 from outbox.config import Settings
 from outbox.errors import ConfigError, InvalidMessage, OutboxError
 from outbox.message import Message, build_message, encoded_size, recheck
-from relay.sweeper import message_of
+from outbox.rows import message_of
 from tests.property import strategies as s
 
 anything = st.one_of(

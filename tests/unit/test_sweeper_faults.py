@@ -17,11 +17,12 @@ from sqlalchemy import Engine
 
 from outbox.config import Settings
 from outbox.message import Message
+from outbox.rows import KnownForms
 from outbox.table import DEAD, PENDING, SENT
 from relay import store
 from relay.brokers.base import PublishResult, permanent, retry
 from relay.loop import BrokerLoop
-from relay.sweeper import KnownForms, Sweeper, checked_message
+from relay.sweeper import Sweeper, checked_message
 from relay.testing.faults import Fault, FaultyBroker
 from relay.testing.memory import MemoryBroker
 from tests.helpers import migrated, running
