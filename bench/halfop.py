@@ -22,15 +22,16 @@ from bench.report import print_rows
 from outbox import migrate
 from relay.brokers.nats import create_stream, read_stream
 from relay.compare.workload import business, place_order
-from relay.halfop.coordinator import Coordinator, CoordinatorSettings
-from relay.halfop.producer import SqlTransactionListener, TransactionProducer
-from relay.halfop.protocol import (
-    BORN_TIMESTAMP,
+from relay.halfop import (
     HALF_TOPIC,
     OP_TOPIC,
-    UNIQ_KEY,
+    Coordinator,
+    CoordinatorSettings,
     LocalTransactionState,
+    SqlTransactionListener,
+    TransactionProducer,
 )
+from relay.halfop.protocol import BORN_TIMESTAMP, UNIQ_KEY
 from relay.testing.embedded import NatsServer
 from relay.testing.faults import kill_producer_after_commit
 

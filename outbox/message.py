@@ -312,6 +312,15 @@ def carried_headers(message: Message) -> dict[str, str]:
     return headers
 
 
+def uncarried(headers: Mapping[str, str]) -> tuple[dict[str, str], str | None, str | None]:
+    """The app's headers, the key and the tags of carried headers: ``carried_headers``
+    undone."""
+    app_headers = dict(headers)
+    key = app_headers.pop(KEY_HEADER, None)
+    tags = app_headers.pop(TAGS_HEADER, None)
+    return app_headers, key, tags
+
+
 def sent_headers(message: Message) -> dict[str, str]:
     """What the NATS adapter sends: the carried headers and the dedup id."""
     return {**carried_headers(message), DEDUP_HEADER: message.msg_id}

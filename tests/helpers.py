@@ -11,7 +11,7 @@ from sqlalchemy.pool import NullPool
 
 from outbox import migrate, outbox_message
 from relay.brokers import Broker
-from relay.halfop.protocol import LocalTransactionState, TransactionListener, TransactionMessage
+from relay.halfop import LocalTransactionState, TransactionListener, TransactionMessage
 from relay.loop import BrokerLoop
 
 

@@ -58,7 +58,7 @@ def add_compare(commands: Commands) -> None:
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
-    from relay.halfop.coordinator import Coordinator, CoordinatorSettings
+    from relay.halfop import Coordinator, CoordinatorSettings
 
     defer_stop_signals()
     settings = CoordinatorSettings(

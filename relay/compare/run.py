@@ -52,9 +52,14 @@ from outbox.config import engine_from, with_query
 from outbox.table import DEAD, outbox_message, transaction_record
 from relay.brokers.nats import create_stream, read_stream
 from relay.compare.workload import FAULTS, POISON, Workload, business, orders, place_order
-from relay.halfop.coordinator import Coordinator, CoordinatorSettings
-from relay.halfop.producer import SqlTransactionListener, TransactionProducer
-from relay.halfop.protocol import LocalTransactionState, SendStatus
+from relay.halfop import (
+    Coordinator,
+    CoordinatorSettings,
+    LocalTransactionState,
+    SendStatus,
+    SqlTransactionListener,
+    TransactionProducer,
+)
 from relay.testing.embedded import NatsServer
 from relay.testing.faults import (
     MarkKiller,

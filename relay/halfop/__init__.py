@@ -1,5 +1,9 @@
 """Model B, for comparison with the outbox: RocketMQ-style transactional messages.
 
+An app runs a ``TransactionProducer`` with its ``TransactionListener`` (or the
+``SqlTransactionListener``, which makes check-back reliable); ``outbox coordinator``
+runs the ``Coordinator``. The modules:
+
 - ``relay.halfop.protocol``: stream and subject names, message properties, the
   ``LocalTransactionState`` answers, ``TransactionMessage`` and ``TransactionListener``.
 - ``relay.halfop.producer``: ``TransactionProducer`` (the app side; its
@@ -9,5 +13,55 @@
 - ``relay.halfop.coordinator``: the broker side (``outbox coordinator``): end
   transactions and check-back.
 
-The producer, link and coordinator need the ``nats`` extra; the protocol does not.
+The producer, link and coordinator need the ``nats`` extra; the protocol does not, so
+they are imported on first use of their names here.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from relay.halfop.protocol import (
+    CHECK_MAX_TOPIC,
+    HALF_TOPIC,
+    OP_TOPIC,
+    LocalTransactionState,
+    SendResult,
+    SendStatus,
+    TransactionListener,
+    TransactionMessage,
+)
+
+if TYPE_CHECKING:
+    from relay.halfop.coordinator import Coordinator, CoordinatorSettings
+    from relay.halfop.producer import SqlTransactionListener, TransactionProducer
+
+__all__ = [
+    "CHECK_MAX_TOPIC",
+    "HALF_TOPIC",
+    "OP_TOPIC",
+    "Coordinator",
+    "CoordinatorSettings",
+    "LocalTransactionState",
+    "SendResult",
+    "SendStatus",
+    "SqlTransactionListener",
+    "TransactionListener",
+    "TransactionMessage",
+    "TransactionProducer",
+]
+
+_NEEDS_NATS = {
+    "Coordinator": "relay.halfop.coordinator",
+    "CoordinatorSettings": "relay.halfop.coordinator",
+    "SqlTransactionListener": "relay.halfop.producer",
+    "TransactionProducer": "relay.halfop.producer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _NEEDS_NATS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import insert, select
@@ -116,15 +117,8 @@ class TransactionProducer:
             headers=headers,
             max_payload_bytes=self.max_payload_bytes,
         )
-        msg = TransactionMessage(
-            msg_id=built.msg_id,
-            topic=built.topic,
-            payload=built.payload,
-            transaction_id=str(uuid.uuid4()),
-            key=built.key,
-            tags=built.tags,
-            headers=built.headers,
-            born_timestamp_ms=int(time.time() * 1000),
+        msg = TransactionMessage.of(
+            built, transaction_id=str(uuid.uuid4()), born_timestamp_ms=int(time.time() * 1000)
         )
         try:
             offset = self._link.send_half(msg, self.send_timeout_s)
@@ -134,7 +128,7 @@ class TransactionProducer:
                 SendStatus.SEND_FAILED, msg.msg_id, msg.transaction_id, None,
                 LocalTransactionState.ROLLBACK_MESSAGE, repr(exc),
             )  # fmt: skip
-        msg = TransactionMessage(**{**msg.__dict__, "half_offset": offset})
+        msg = replace(msg, half_offset=offset)
         state = self._run_local(msg, arg)
         self._link.end_transaction(msg, state)  # one-way: no answer awaited
         return SendResult(SendStatus.SEND_OK, msg.msg_id, msg.transaction_id, offset, state)

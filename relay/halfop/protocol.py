@@ -19,10 +19,10 @@ from __future__ import annotations
 import abc
 import enum
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Any
 
-from outbox.message import KEY_HEADER, TAGS_HEADER
+from outbox.message import DEDUP_HEADER, Message, carried_headers, uncarried
 
 # Streams (JetStream stands in for the commit log) and subjects of the protocol.
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
@@ -57,20 +57,20 @@ class SendStatus(enum.Enum):
     SEND_FAILED = "SEND_FAILED"  # the half was not stored: nothing ran, nothing to undo
 
 
-@dataclass(frozen=True)
-class TransactionMessage:
-    """What a listener sees: the message and where its half is."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransactionMessage(Message):
+    """What a listener sees: a message (built and checked as ``send()`` builds one) and
+    where its half is."""
 
-    msg_id: str
-    topic: str
-    payload: bytes
     transaction_id: str
-    key: str | None = None
-    tags: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
     half_offset: int | None = None
-    born_timestamp_ms: int = 0
+    born_timestamp_ms: int = 0  # wall clock, ms since the epoch: the half's BORN_TIMESTAMP
     check_times: int = 0
+
+    @classmethod
+    def of(cls, message: Message, **half: Any) -> TransactionMessage:
+        """``message`` with the fields of its half (``transaction_id`` and the others)."""
+        return cls(**{f.name: getattr(message, f.name) for f in fields(Message)}, **half)
 
     @property
     def age_s(self) -> float:
@@ -98,12 +98,9 @@ class TransactionListener(abc.ABC):
 
 
 def half_headers(msg: TransactionMessage, group: str) -> dict[str, str]:
-    """The half's properties: the real topic and group kept aside, as the broker does."""
-    headers = dict(msg.headers)
-    if msg.key is not None:
-        headers[KEY_HEADER] = msg.key
-    if msg.tags is not None:
-        headers[TAGS_HEADER] = msg.tags
+    """The half's properties: the headers every broker carries (outbox.message), and the
+    real topic and group kept aside, as the broker does."""
+    headers = carried_headers(msg)
     headers.update(
         {
             REAL_TOPIC: msg.topic,
@@ -121,19 +118,21 @@ def half_headers(msg: TransactionMessage, group: str) -> dict[str, str]:
 def message_from_half(
     headers: dict[str, str], payload: bytes, half_offset: int
 ) -> TransactionMessage:
-    app_headers = {
+    """``half_headers`` undone: the message a check request is about."""
+    carried = {
         k: v
         for k, v in headers.items()
-        if k not in SYSTEM_PROPERTIES and k not in (UNIQ_KEY, "Nats-Msg-Id")
+        if k not in SYSTEM_PROPERTIES and k not in (UNIQ_KEY, DEDUP_HEADER)
     }
+    app_headers, key, tags = uncarried(carried)
     return TransactionMessage(
         msg_id=headers.get(UNIQ_KEY, ""),
         topic=headers.get(REAL_TOPIC, ""),
         payload=payload,
-        transaction_id=headers.get(TRANSACTION_ID, ""),
-        key=app_headers.pop(KEY_HEADER, None),
-        tags=app_headers.pop(TAGS_HEADER, None),
+        key=key,
+        tags=tags,
         headers=app_headers,
+        transaction_id=headers.get(TRANSACTION_ID, ""),
         half_offset=half_offset,
         born_timestamp_ms=int(headers.get(BORN_TIMESTAMP, "0") or 0),
         check_times=int(headers.get(CHECK_TIMES, "0") or 0),

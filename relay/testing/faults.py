@@ -172,7 +172,7 @@ class TcpProxy:
 # before its end request left: check-back alone must settle the message.
 _KILLED_PRODUCER = """
 import os, sys
-from relay.halfop.producer import SqlTransactionListener, TransactionProducer
+from relay.halfop import SqlTransactionListener, TransactionProducer
 from relay.compare.workload import place_order
 
 class DiesAfterCommit(SqlTransactionListener):

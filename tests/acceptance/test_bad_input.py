@@ -31,15 +31,8 @@ from outbox.config import BROKER_SCHEMES
 from outbox.errors import ConfigError
 from relay.brokers import broker_for
 from relay.brokers.nats import create_stream, read_stream
-from relay.halfop.producer import TransactionProducer
-from relay.halfop.protocol import (
-    BORN_TIMESTAMP,
-    CHECK_MAX_TOPIC,
-    HALF_TOPIC,
-    PGROUP,
-    TRAN_MSG,
-    UNIQ_KEY,
-)
+from relay.halfop import CHECK_MAX_TOPIC, HALF_TOPIC, TransactionProducer
+from relay.halfop.protocol import BORN_TIMESTAMP, PGROUP, TRAN_MSG, UNIQ_KEY
 from relay.testing.embedded import NatsServer, free_port
 from spark_jobs.schema import BROKER, LEDGER
 from tests.helpers import AlwaysCommits, wait_until

@@ -181,7 +181,7 @@ def test_coordinator_command_settles_transactions(
     nats_server: NatsServer, stream: tuple[str, str]
 ) -> None:
     from relay.brokers.nats import create_stream
-    from relay.halfop.producer import TransactionProducer
+    from relay.halfop import TransactionProducer
 
     name, prefix = stream
 

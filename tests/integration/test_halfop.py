@@ -16,16 +16,18 @@ from sqlalchemy import Engine, create_engine, func, select
 from outbox import migrate
 from relay.brokers.nats import create_stream, read_stream
 from relay.compare.workload import business, orders, place_order
-from relay.halfop.coordinator import Coordinator, CoordinatorSettings
-from relay.halfop.producer import SqlTransactionListener, TransactionProducer
-from relay.halfop.protocol import (
+from relay.halfop import (
     CHECK_MAX_TOPIC,
     HALF_TOPIC,
     OP_TOPIC,
+    Coordinator,
+    CoordinatorSettings,
     LocalTransactionState,
     SendStatus,
+    SqlTransactionListener,
     TransactionListener,
     TransactionMessage,
+    TransactionProducer,
 )
 from relay.testing.embedded import NatsServer
 from relay.testing.faults import kill_producer_after_commit

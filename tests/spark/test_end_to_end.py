@@ -20,8 +20,12 @@ from outbox import Outbox, migrate
 from relay import cli
 from relay.brokers.nats import create_stream
 from relay.compare.workload import business, place_order
-from relay.halfop.coordinator import Coordinator, CoordinatorSettings
-from relay.halfop.producer import SqlTransactionListener, TransactionProducer
+from relay.halfop import (
+    Coordinator,
+    CoordinatorSettings,
+    SqlTransactionListener,
+    TransactionProducer,
+)
 from relay.testing.embedded import NatsServer
 from spark_jobs.reconcile import Window
 from spark_jobs.reconciliation import reconcile
