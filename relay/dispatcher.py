@@ -20,12 +20,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from outbox.config import Settings
 from outbox.message import Message
 from outbox.tracing import publish_span
 from relay.acks import AckBatcher, Finish, Verify
+from relay.batches import BatchReport
 from relay.brokers import Broker
 from relay.brokers.base import Outcome, PublishResult, publish_isolated, retry
 from relay.listener import Failed, Listeners, RelayListener
@@ -42,30 +43,6 @@ class Delivery:
     committed: float  # clock() at commit: the start of commit->ack latency
     attempt: int = 0  # index into retry_delays_ms of the attempt being made
     check: bool = True  # re-read the row before publishing
-
-
-@dataclass(slots=True)
-class Settled:
-    """The outcomes of one batch other than acks, told to the listeners together."""
-
-    retried: list[Failed] = field(default_factory=list)
-    rejected: list[Failed] = field(default_factory=list)
-    exhausted: list[str] = field(default_factory=list)
-    stopped: list[str] = field(default_factory=list)
-
-    def left(self) -> int:
-        """How many of the batch left the fast path (the retried stay)."""
-        return len(self.rejected) + len(self.exhausted) + len(self.stopped)
-
-    def tell(self, listeners: Listeners) -> None:
-        if self.retried:
-            listeners.retried(self.retried, "fast")
-        if self.rejected:
-            listeners.rejected(self.rejected)
-        if self.exhausted:
-            listeners.left_for_sweeper(self.exhausted, "exhausted")
-        if self.stopped:
-            listeners.left_for_sweeper(self.stopped, "stopped")
 
 
 class Dispatcher:
@@ -235,15 +212,15 @@ class Dispatcher:
 
     async def _publish(self, taken: list[Delivery]) -> None:
         batch = taken  # what this task still holds: all of it until the check is done
-        settled = Settled()
+        report = BatchReport()
         try:
-            batch = await self._committed_only(taken, settled)
+            batch = await self._committed_only(taken, report)
             messages = [d.message for d in batch]
             with publish_span(messages):
                 # One message's exception is that message's: it never fails its batch.
                 results = await publish_isolated(self.broker, messages) if batch else []
         except asyncio.CancelledError:  # the loop closes (stop's deadline): leave them
-            self._stopped(batch, settled)
+            self._stopped(batch, report)
             raise
         except Exception as exc:  # a bug must not lose the batch from the schedule
             log.exception("broker.publish raised")
@@ -252,21 +229,21 @@ class Dispatcher:
             self._in_flight -= len(taken)
         now = self._clock()
         for delivery, result in zip(batch, results, strict=True):
-            self._settle(delivery, result, now, settled)
-        self._slots.free(settled.left())
-        settled.tell(self.listeners)
+            self._settle(delivery, result, now, report)
+        self._slots.free(report.left())
+        report.tell(self.listeners, "fast")
         if not self._stopping:
             self._dispatch()
 
-    def _stopped(self, deliveries: Sequence[Delivery], settled: Settled | None = None) -> None:
-        """Leave ``deliveries`` (and what ``settled`` let go) to the sweeper at stop."""
-        settled = settled or Settled()
-        settled.stopped += [d.message.msg_id for d in deliveries]
+    def _stopped(self, deliveries: Sequence[Delivery], report: BatchReport | None = None) -> None:
+        """Leave ``deliveries`` (and what ``report`` let go) to the sweeper at stop."""
+        report = report or BatchReport()
+        report.stopped += [d.message.msg_id for d in deliveries]
         self.stats.dropped_at_stop += len(deliveries)
-        self._slots.free(settled.left())
-        settled.tell(self.listeners)
+        self._slots.free(report.left())
+        report.tell(self.listeners, "fast")
 
-    async def _committed_only(self, batch: list[Delivery], settled: Settled) -> list[Delivery]:
+    async def _committed_only(self, batch: list[Delivery], report: BatchReport) -> list[Delivery]:
         """Keep the deliveries whose rows are visible and pending; retry the others later.
 
         Only deliveries marked ``check`` are looked up. A row not visible yet belongs
@@ -298,7 +275,7 @@ class Dispatcher:
             else:
                 self.stats.not_visible += 1
                 not_visible = retry("row not visible: transaction not committed")
-                self._settle(delivery, not_visible, now, settled)
+                self._settle(delivery, not_visible, now, report)
         return kept
 
     def depths(self) -> tuple[int, int]:
@@ -310,7 +287,7 @@ class Dispatcher:
         return self._slots.held
 
     def _settle(
-        self, delivery: Delivery, result: PublishResult, now: float, settled: Settled
+        self, delivery: Delivery, result: PublishResult, now: float, report: BatchReport
     ) -> None:
         message = delivery.message
         if result.ok:
@@ -323,23 +300,23 @@ class Dispatcher:
                 return
             # Acked after stop() closed the acks thread: nobody marks it; the sweeper will.
             self.stats.dropped_at_stop += 1
-            settled.stopped.append(message.msg_id)
+            report.stopped.append(message.msg_id)
             return
         failed = Failed(message.msg_id, message.topic, delivery.attempt + 1, result.error or "")
         if result.outcome is Outcome.PERMANENT:
             self.stats.rejected += 1
-            settled.rejected.append(failed)
+            report.rejected.append(failed)
             log.warning("%s rejected by the broker: %s", message.msg_id, result.error)
         elif self._stopping:
             self.stats.dropped_at_stop += 1
-            settled.stopped.append(message.msg_id)
+            report.stopped.append(message.msg_id)
         elif delivery.attempt + 1 >= len(self.settings.retry_delays_ms):
             self.stats.exhausted += 1
-            settled.exhausted.append(message.msg_id)
+            report.exhausted.append(message.msg_id)
         else:
             delivery.attempt += 1
             self.stats.retried += 1
-            settled.retried.append(failed)
+            report.retried.append(failed)
             self._wheel.schedule(delivery, self.settings.retry_delays_ms[delivery.attempt])
             self._wheel_busy.set()
 

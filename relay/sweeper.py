@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -32,6 +32,7 @@ from outbox.rows import KnownForms, StoredRow, stored_message
 from outbox.table import DEAD, PENDING
 from outbox.tracing import publish_span
 from relay import store
+from relay.batches import BatchReport
 from relay.brokers.base import (
     NOT_CONNECTED,
     Outcome,
@@ -60,28 +61,6 @@ class SweepResult:
         self.dead += other.dead
         self.aborted = self.aborted or other.aborted
         return self
-
-
-@dataclass
-class Recorded:
-    """What one batch's transaction wrote, told to the listeners after it commits."""
-
-    sent: list[Sent] = field(default_factory=list)
-    retried: list[Failed] = field(default_factory=list)
-    dead: list[Failed] = field(default_factory=list)
-
-    def result(self) -> SweepResult:
-        claimed = len(self.sent) + len(self.retried) + len(self.dead)
-        return SweepResult(claimed, len(self.sent), len(self.retried), len(self.dead))
-
-    def tell(self, listeners: Listeners, seconds: float) -> None:
-        if self.sent:
-            listeners.published(self.sent, "sweeper")
-        if self.retried:
-            listeners.retried(self.retried, "sweeper")
-        if self.dead:
-            listeners.dead(self.dead)
-        listeners.swept(self.result(), seconds)
 
 
 class Sweeper:
@@ -133,21 +112,22 @@ class Sweeper:
                 results = self._publish(prepared)
                 if results is None:
                     raise _BrokerUnreachable
-                recorded = self._record(conn, rows, results)
+                report = self._record(conn, rows, results)
         except _BrokerUnreachable:
             if self._stopping.is_set():
                 log.info("sweep: stopping, batch of %d left pending", len(rows))
             else:
                 log.warning("sweep: broker unreachable, batch of %d left as it was", len(rows))
             return SweepResult(claimed=len(rows), aborted=True)
-        result = recorded.result()
+        result = sweep_result(report)
         log.info(
             "sweep: claimed=%d sent=%d retry_later=%d dead=%d",
             result.claimed, result.sent, result.failed, result.dead,
         )  # fmt: skip
         with self._totals_lock:
             self.totals += result
-        recorded.tell(self.listeners, time.monotonic() - started)
+        report.tell(self.listeners, "sweeper")
+        self.listeners.swept(result, time.monotonic() - started)
         return result
 
     def sweep(
@@ -227,20 +207,20 @@ class Sweeper:
 
     def _record(
         self, conn: Connection, rows: Sequence[store.Claimed], results: list[PublishResult]
-    ) -> Recorded:
-        recorded = Recorded()
+    ) -> BatchReport:
+        report = BatchReport()
         failures: list[dict[str, Any]] = []
         acks: list[tuple[int, str]] = []
         for row, result in zip(rows, results, strict=True):
             msg_id = str(row.msg_id)
             if result.ok:
-                recorded.sent.append(Sent(msg_id, row.topic, result.receipt or ""))
+                report.sent.append(Sent(msg_id, row.topic, result.receipt or ""))
                 acks.append((row.id, result.receipt or ""))
                 continue
             error = f"{result.outcome.value}: {result.error}"[:2000]
             failed = Failed(msg_id, row.topic, row.attempts + 1, error)
             dead = failed.attempt >= self.settings.max_attempts
-            (recorded.dead if dead else recorded.retried).append(failed)
+            (report.dead if dead else report.retried).append(failed)
             failures.append(self._failure(row.id, failed, dead))
         if acks:
             store.finish(conn, acks, self.settings.mark_mode, by_row_id=True)
@@ -249,7 +229,7 @@ class Sweeper:
             for failure in failures:
                 failure["next_at"] = now + timedelta(seconds=failure.pop("backoff_s"))
             conn.execute(store.record_failures_stmt(), failures)
-        return recorded
+        return report
 
     def _failure(self, row_id: int, failed: Failed, dead: bool) -> dict[str, Any]:
         return {
@@ -265,6 +245,12 @@ class Sweeper:
             self.settings.backoff_cap_s, self.settings.backoff_base_s * 2 ** (attempts - 1)
         )
         return float(ceiling * random.uniform(0.5, 1.0))
+
+
+def sweep_result(report: BatchReport) -> SweepResult:
+    """The counts of one swept batch: each claimed row was sent, retried or dead."""
+    claimed = len(report.sent) + len(report.retried) + len(report.dead)
+    return SweepResult(claimed, len(report.sent), len(report.retried), len(report.dead))
 
 
 class _BrokerUnreachable(Exception):
