@@ -34,9 +34,9 @@ import outbox.rows
 from bench.fast_path import bench_schema
 from bench.report import print_rows
 from outbox import migrate
-from outbox.message import Message, build_message, sent_headers
+from outbox.message import Message, build_message
 from relay import store
-from relay.brokers.nats import NatsBroker, create_stream
+from relay.brokers.nats import NatsBroker, create_stream, sent_headers
 from relay.testing.embedded import NatsServer
 
 OUTBOX = str(Path(sys.executable).with_name("outbox"))

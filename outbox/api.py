@@ -17,6 +17,7 @@ from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from outbox import aio, forks, rows, tracing
+from outbox.broker import Broker
 from outbox.config import (
     Settings,
     async_engine_from,
@@ -72,7 +73,9 @@ class Outbox:
     sync Sessions and AsyncSessions alike. The relay always works through a sync engine
     on its own threads (an async driver's sync counterpart: asyncpg -> psycopg,
     aiosqlite -> pysqlite, asyncmy/aiomysql -> PyMySQL). ``broker`` is a broker URL
-    (``nats://``, ``amqp://``, ``redis://``), or None when another process relays.
+    (``nats://``, ``amqp://``, ``redis://``), a ``outbox.broker.Broker`` object (e.g.
+    ``relay.testing.MemoryBroker()`` in an app's tests), or None when another process
+    relays.
     ``sweeper``: also run the sweeper in this process once started (default True).
     ``listener``: a ``relay.listener.RelayListener`` whose hooks hear what the relay
     did with each message (more with ``add_listener``).
@@ -82,7 +85,7 @@ class Outbox:
     def __init__(
         self,
         db: str | Engine | AsyncEngine,
-        broker: str | None = None,
+        broker: str | Broker | None = None,
         *,
         session_factory: AnyFactory | None = None,
         sweeper: bool = True,
@@ -90,7 +93,8 @@ class Outbox:
         **options: Any,
     ) -> None:
         self.settings = Settings.from_options(options)
-        self.broker_url = check_broker_url(broker)
+        self.broker = check_broker(broker)
+        self.broker_url = self.broker if isinstance(self.broker, str) else None
         self._owns_engine = not isinstance(db, Engine)
         timeout = self.settings.connect_timeout_s
         self._async_engine: AsyncEngine | None = None
@@ -132,8 +136,7 @@ class Outbox:
 
     def __repr__(self) -> str:
         db = url_of(self.engine)
-        broker = None if self.broker_url is None else mask_url(self.broker_url)
-        return f"Outbox(db={db!r}, broker={broker!r})"
+        return f"Outbox(db={db!r}, broker={shown_broker(self.broker)!r})"
 
     @property
     def async_engine(self) -> AsyncEngine:
@@ -280,8 +283,10 @@ class Outbox:
         relay keeps connecting in the background and the sweeper covers the gap.
         In a process forked after start(), the first send() starts the child's own relay.
         """
-        if self.broker_url is None:
-            raise ConfigError("broker: start() needs a broker URL, e.g. nats://127.0.0.1:4222")
+        if self.broker is None:
+            raise ConfigError(
+                "broker: start() needs a broker URL, e.g. nats://127.0.0.1:4222, or a Broker"
+            )
         with self._start_lock:  # send() in a forked child may race another thread's start()
             if self._dispatcher is None:
                 self._start()
@@ -391,6 +396,26 @@ class Outbox:
                 f"{url_of(self.engine)}: another table ({differs})"
             )
         return session
+
+
+def check_broker(broker: object) -> str | Broker | None:
+    """A broker URL with a product scheme, a Broker object, or None; ConfigError else."""
+    if broker is None or isinstance(broker, str):
+        return check_broker_url(broker)
+    if not isinstance(broker, Broker):
+        raise ConfigError(
+            "broker: must be a URL or a Broker object (with connect, publish and close), "
+            f"got {type(broker).__name__}"
+        )
+    return broker
+
+
+def shown_broker(broker: str | Broker | None) -> str | None:
+    """The broker as logs and reprs show it: a URL masked, an object by its class name
+    (its fields may hold credentials)."""
+    if broker is None or isinstance(broker, str):
+        return None if broker is None else mask_url(broker)
+    return f"<{type(broker).__name__}>"
 
 
 def with_trace_context(headers: object) -> object:

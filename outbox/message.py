@@ -30,14 +30,20 @@ CONTENT_TYPE = "content-type"
 # Headers the relay adds beside the app's own (relay.brokers); they count toward the size.
 KEY_HEADER = "Outbox-Key"
 TAGS_HEADER = "Outbox-Tags"
-DEDUP_HEADER = "Nats-Msg-Id"
+# How send() measures a message, one rule for every broker: the payload, plus each
+# header (the app's, key and tags) as its name and value in UTF-8 and HEADER_LINE_BYTES
+# more (a separator and a line end), plus the msg_id as one more header whose name takes
+# ID_HEADER_NAME_BYTES, plus HEADER_BLOCK_BYTES around them all. These are the figures of
+# the NATS header block, the strictest broker's (its max_payload counts the headers);
+# relay.brokers.nats builds that block itself, and a test keeps the two in step.
+HEADER_LINE_BYTES = 4
+ID_HEADER_NAME_BYTES = 11
+HEADER_BLOCK_BYTES = 12
 # Headers the relay sets itself; an app setting them would break dedup or routing.
 RESERVED_HEADER_PREFIXES = ("nats-", "outbox-")
 # RabbitMQ routes a message to the routing keys in these headers too (sender-selected
 # distribution): through them a message would reach queues its topic does not.
 RESERVED_HEADER_NAMES = frozenset({"cc", "bcc"})
-# The NATS header block around the "Name: value\r\n" lines: b"NATS/1.0\r\n" ... b"\r\n".
-HEADER_BLOCK_FRAME = len(b"NATS/1.0\r\n\r\n")
 # RFC 7230 token characters: what nats-py accepts as a header name (BadHeaderError else).
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # Values in error messages: cut short, and safe from a __repr__ that raises.
@@ -135,7 +141,7 @@ def check_topic(topic: object) -> str:
         raise InvalidTopic(
             "topic", f"must not have empty tokens ('..' or a dot at an end): {shown(topic)}"
         )
-    if nats_reserved(topic):
+    if reserved_topic(topic):
         raise InvalidTopic(
             "topic", f"must not start with '$' or '_INBOX': NATS reserves them: {shown(topic)}"
         )
@@ -143,8 +149,9 @@ def check_topic(topic: object) -> str:
     return topic
 
 
-def nats_reserved(topic: str) -> bool:
-    """True for subjects of the NATS server's own APIs ($JS, $SYS, ...) and request replies."""
+def reserved_topic(topic: str) -> bool:
+    """True for the topics a broker keeps for itself: the NATS server's own APIs ($JS,
+    $SYS, ...) and request replies (_INBOX)."""
     return topic.startswith("$") or topic.split(".", 1)[0].upper() == "_INBOX"
 
 
@@ -281,7 +288,7 @@ def check_size(message: Message, max_payload_bytes: int) -> None:
     The default of 1 MiB is nats-server's default ``max_payload``, which counts the
     header block too: what ``send()`` accepts then fits the broker.
     """
-    headers = header_size(sent_headers(message))
+    headers = headers_size(message)
     if headers > MAX_HEADER_BYTES:
         raise InvalidHeaders(
             "headers",
@@ -297,9 +304,19 @@ def check_size(message: Message, max_payload_bytes: int) -> None:
 
 
 def encoded_size(message: Message) -> int:
-    """Bytes of the message on the wire to NATS: payload plus the header block of the app's
-    headers and those the relay adds (key, tags, ``Nats-Msg-Id``)."""
-    return len(message.payload) + header_size(sent_headers(message))
+    """The size ``send()`` holds against ``max_payload_bytes``: the payload and the headers
+    the relay sends, the msg_id among them (``headers_size``)."""
+    return len(message.payload) + headers_size(message)
+
+
+def headers_size(message: Message) -> int:
+    """Bytes of the message's headers once encoded, by the size rule above."""
+    lines = sum(
+        len(name.encode()) + len(value.encode()) + HEADER_LINE_BYTES
+        for name, value in carried_headers(message).items()
+    )
+    msg_id = ID_HEADER_NAME_BYTES + len(message.msg_id.encode()) + HEADER_LINE_BYTES
+    return HEADER_BLOCK_BYTES + lines + msg_id
 
 
 def carried_headers(message: Message) -> dict[str, str]:
@@ -319,16 +336,6 @@ def uncarried(headers: Mapping[str, str]) -> tuple[dict[str, str], str | None, s
     key = app_headers.pop(KEY_HEADER, None)
     tags = app_headers.pop(TAGS_HEADER, None)
     return app_headers, key, tags
-
-
-def sent_headers(message: Message) -> dict[str, str]:
-    """What the NATS adapter sends: the carried headers and the dedup id."""
-    return {**carried_headers(message), DEDUP_HEADER: message.msg_id}
-
-
-def header_size(headers: Mapping[str, str]) -> int:
-    """Bytes of the NATS header block: 'NATS/1.0' line, 'Name: value' lines, blank line."""
-    return HEADER_BLOCK_FRAME + sum(len(f"{k}: {v}\r\n".encode()) for k, v in headers.items())
 
 
 _uuid_lock = threading.Lock()

@@ -22,13 +22,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from outbox.broker import Outcome, PublishResult, retry
 from outbox.config import Settings
 from outbox.message import Message
 from outbox.tracing import publish_span
 from relay.acks import AckBatcher, Finish, Verify
 from relay.batches import BatchReport
 from relay.brokers import Broker
-from relay.brokers.base import Outcome, PublishResult, publish_isolated, retry
+from relay.brokers.base import publish_isolated
 from relay.listener import Failed, Listeners, RelayListener
 from relay.loop import BrokerLoop
 from relay.stats import Slots, Stats

@@ -1,8 +1,8 @@
 """`outbox export`: the ledger and the broker log to Parquet, in bounded memory.
 
-Both are streamed in chunks (a server-side cursor for the database; for a broker,
-its module's log reader in relay.brokers: an ordered consumer for JetStream, XRANGE
-pages for Redis, a stream-queue consumer with a prefetch limit for RabbitMQ) and
+Both are streamed in chunks (a server-side cursor for the database; for a broker, its
+``LogReader`` (outbox.broker): an ordered consumer for JetStream, XRANGE pages for
+Redis, a stream-queue consumer with a prefetch limit for RabbitMQ) and
 written batch by batch, so memory does not grow with the number of rows. The
 Parquet schemas are spark_jobs.schema's, the reconciliation job's inputs.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -21,10 +21,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy import Engine, Select, select
 
+from outbox.broker import LogEntry, LogReader
 from outbox.config import engine_from
 from outbox.table import outbox_message as t
 from outbox.table import transaction_record
-from relay.brokers.base import LogRow, utc
+from relay.brokers.base import utc
 from relay.halfop.protocol import (
     CHECK_MAX_TOPIC,
     CHECK_TIMES,
@@ -37,6 +38,7 @@ from relay.halfop.protocol import (
 from spark_jobs.schema import BROKER, HALFOP_LOG, LEDGER, RECORDS
 
 CHUNK = 50_000
+LogRow = dict[str, object]  # a Parquet row: the columns of its schema
 
 
 def export_ledger(
@@ -111,19 +113,71 @@ def cell(value: object) -> object:
     return value
 
 
-def write_chunks(chunks: Iterable[list[LogRow]], out: str | Path, schema: pa.Schema) -> int:
-    """Write a reader's chunks to ``out``; nothing appears there if the reader fails."""
-    written = 0
-    with parquet_file(out, schema) as writer:
-        for rows in chunks:
-            writer.write_table(pa.Table.from_pylist(rows, schema=schema))
-            written += len(rows)
-    return written
+def log_row(entry: LogEntry) -> LogRow:
+    """A row of the broker log export: where and when the broker stored which msg_id."""
+    return {"msg_id": entry.msg_id, "topic": entry.topic, "seq": entry.seq,
+            "broker_ts": entry.broker_ts}  # fmt: skip
+
+
+def export_broker(
+    reader: LogReader,
+    sources: Sequence[str],
+    out: str | Path,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> int:
+    """Write what a broker's log holds (stored in [since, until)) to ``out``, for every
+    broker alike: ``reader`` is its adapter (``relay.brokers.reader_for(url)``) or a test
+    double, ``sources`` where the log is (see ``outbox.broker.LogReader``)."""
+
+    async def rows() -> AsyncIterator[list[LogRow]]:
+        async for entries in reader.read_log(sources, since, until):
+            yield [log_row(entry) for entry in entries]
+
+    return write_async_chunks(rows(), out, BROKER)
+
+
+def export_halfop_nats(
+    url: str, out: str | Path, since: datetime | None = None, until: datetime | None = None
+) -> int:
+    """Model B: the half, op and discarded streams in one file (schema HALFOP_LOG).
+
+    Its own path: three NATS streams of model B's, read together, each row saying which
+    stream it came from, and the streams may not exist yet.
+    """
+    from relay.brokers import nats
+
+    kinds = {HALF_TOPIC: "half", OP_TOPIC: "op", CHECK_MAX_TOPIC: "discarded"}
+
+    async def rows() -> AsyncIterator[list[LogRow]]:
+        # model B's streams exist only once a producer or coordinator ran
+        async for stream, entries in nats.read_entries(url, list(kinds), since, until, True):
+            yield [halfop_row(kinds[stream], entry) for entry in entries]
+
+    return write_async_chunks(rows(), out, HALFOP_LOG)
+
+
+def halfop_row(kind: str, entry: LogEntry) -> LogRow:
+    """A row of the half/op log; an op's body and a discarded half's header name a half."""
+    headers = entry.headers
+    offset = entry.payload.decode() if kind == "op" else headers.get(HALF_OFFSET)
+    checks = headers.get(CHECK_TIMES)
+    return {
+        "stream": kind,
+        "msg_id": headers.get(UNIQ_KEY),
+        "topic": headers.get(REAL_TOPIC, ""),
+        "seq": int(entry.seq),
+        "broker_ts": entry.broker_ts,
+        "check_times": int(checks) if checks else None,
+        "half_offset": int(offset) if offset else None,
+    }
 
 
 def write_async_chunks(
     chunks: AsyncIterator[list[LogRow]], out: str | Path, schema: pa.Schema
 ) -> int:
+    """Write a reader's chunks to ``out``; nothing appears there if the reader fails."""
+
     async def write() -> int:
         written = 0
         with parquet_file(out, schema) as writer:
@@ -133,79 +187,3 @@ def write_async_chunks(
         return written
 
     return asyncio.run(write())
-
-
-def export_broker_nats(
-    url: str,
-    stream: str,
-    out: str | Path,
-    since: datetime | None = None,
-    until: datetime | None = None,
-) -> int:
-    """Write what a JetStream stream holds (from ``since``) to ``out``, via an ordered consumer."""
-    from relay.brokers import nats
-
-    chunks = nats.read_log(url, [(stream, nats.log_row)], since, until)
-    return write_async_chunks(chunks, out, BROKER)
-
-
-def export_halfop_nats(
-    url: str, out: str | Path, since: datetime | None = None, until: datetime | None = None
-) -> int:
-    """Model B: the half, op and discarded streams in one file (schema HALFOP_LOG)."""
-    from relay.brokers import nats
-
-    streams = [
-        (HALF_TOPIC, halfop_row("half")),
-        (OP_TOPIC, halfop_row("op")),
-        (CHECK_MAX_TOPIC, halfop_row("discarded")),
-    ]
-    # model B's streams exist only once a producer or coordinator ran
-    chunks = nats.read_log(url, streams, since, until, optional=True)
-    return write_async_chunks(chunks, out, HALFOP_LOG)
-
-
-def halfop_row(stream: str) -> Callable[[Any, datetime | None], LogRow]:
-    """A row of the half/op log; an op's body and a discarded half's header name a half."""
-
-    def row(msg: Any, ts: datetime | None) -> LogRow:
-        headers = msg.headers or {}
-        offset = msg.data.decode() if stream == "op" else headers.get(HALF_OFFSET)
-        checks = headers.get(CHECK_TIMES)
-        return {
-            "stream": stream,
-            "msg_id": headers.get(UNIQ_KEY),
-            "topic": headers.get(REAL_TOPIC, ""),
-            "seq": msg.metadata.sequence.stream,
-            "broker_ts": ts,
-            "check_times": int(checks) if checks else None,
-            "half_offset": int(offset) if offset else None,
-        }
-
-    return row
-
-
-def export_broker_redis(
-    url: str,
-    topics: list[str],
-    out: str | Path,
-    since: datetime | None = None,
-    until: datetime | None = None,
-) -> int:
-    """Write the entries of each topic's Redis stream (added in [since, until)) to ``out``."""
-    from relay.brokers import redis
-
-    return write_chunks(redis.read_log(url, topics, since, until), out, BROKER)
-
-
-def export_broker_rabbitmq(
-    url: str,
-    queue: str,
-    out: str | Path,
-    since: datetime | None = None,
-    until: datetime | None = None,
-) -> int:
-    """Write what the audit stream queue ``queue`` holds (published in [since, until))."""
-    from relay.brokers import rabbitmq
-
-    return write_async_chunks(rabbitmq.read_log(url, queue, since, until), out, BROKER)

@@ -20,11 +20,12 @@ def start_relay(
     outbox: Outbox, broker: Broker | None = None
 ) -> tuple[BrokerLoop, Dispatcher, RelayJobs | None]:
     """Start ``outbox``'s in-process relay: the broker loop, the fast path and (when the
-    outbox asks for it) the sweeper jobs. ``broker`` defaults to the outbox's URL's adapter;
-    tests may hand in a test double (relay.testing) instead."""
+    outbox asks for it) the sweeper jobs. ``broker`` defaults to the outbox's own: its
+    Broker object, or a new adapter for its URL."""
     if broker is None:
-        assert outbox.broker_url is not None, "Outbox.start() checks the URL first"
-        broker = broker_for(outbox.broker_url)
+        given = outbox.broker
+        assert given is not None, "Outbox.start() checks the broker first"
+        broker = broker_for(given) if isinstance(given, str) else given
     settings = outbox.settings
     hooks = Listeners(*outbox.listeners)  # one set, shared by the fast path and the sweeper
     relay = BrokerLoop(broker)

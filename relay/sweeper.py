@@ -26,6 +26,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
+from outbox.broker import Outcome, PublishResult, permanent
 from outbox.config import Settings
 from outbox.message import Message
 from outbox.rows import KnownForms, StoredRow, stored_message
@@ -33,13 +34,7 @@ from outbox.table import DEAD, PENDING
 from outbox.tracing import publish_span
 from relay import store
 from relay.batches import BatchReport
-from relay.brokers.base import (
-    NOT_CONNECTED,
-    Outcome,
-    PublishResult,
-    permanent,
-    publish_isolated,
-)
+from relay.brokers.base import NOT_CONNECTED, publish_isolated
 from relay.listener import Failed, Listeners, RelayListener, Sent
 from relay.loop import BrokerLoop
 

@@ -1,23 +1,32 @@
-"""Broker adapters behind one protocol; the URL's scheme picks the adapter.
+"""Broker adapters behind one pair of protocols; the URL's scheme picks the adapter.
 
 ``outbox.config.BROKER_SCHEMES`` is the one table of schemes (the app checks URLs
 against it without importing the relay); it names each scheme's family, which is
-both the adapter module here and the extra that installs its client. Each module
-owns both directions for its broker: publishing (the adapter) and reading the log
-back (for ``outbox export broker``, the comparison and the contract tests).
+both the adapter module here and the extra that installs its client. Each adapter
+class works both ways (``outbox.broker``): it publishes (``Broker``) and reads the
+log back (``LogReader``, for ``outbox export broker``, the comparison and the tests).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
+from outbox.broker import Broker, LogEntry, LogReader, Outcome, PublishResult
 from outbox.config import BROKER_SCHEMES, check_broker_url
 from outbox.errors import ConfigError
-from relay.brokers.base import Broker, Outcome, PublishResult
 
-__all__ = ["Broker", "Outcome", "PublishResult", "broker_for", "family_of"]
+__all__ = [
+    "Broker",
+    "LogEntry",
+    "LogReader",
+    "Outcome",
+    "PublishResult",
+    "broker_for",
+    "family_of",
+    "reader_for",
+]
 
 ADAPTERS = {"nats": "NatsBroker", "rabbitmq": "RabbitBroker", "redis": "RedisBroker"}
 
@@ -30,6 +39,17 @@ def family_of(url: str) -> str:
 
 def broker_for(url: str) -> Broker:
     """A not yet connected adapter for ``url``: nats://, tls://, redis://, amqp://, ..."""
+    adapter: Broker = _adapter(url)
+    return adapter
+
+
+def reader_for(url: str) -> LogReader:
+    """The log reader for ``url``: the same adapter class, reading the other way."""
+    reader: LogReader = _adapter(url)
+    return reader
+
+
+def _adapter(url: str) -> Any:
     family = family_of(url)
     try:
         module = importlib.import_module(f"relay.brokers.{family}")
@@ -38,5 +58,4 @@ def broker_for(url: str) -> Broker:
             f"broker: {urlsplit(url).scheme}:// needs the '{family}' extra: "
             f"pip install 'outbox-relay[{family}]'"
         ) from None
-    adapter: Callable[[str], Broker] = getattr(module, ADAPTERS[family])
-    return adapter(url)
+    return getattr(module, ADAPTERS[family])(url)

@@ -1,15 +1,15 @@
-"""The one protocol every broker adapter implements: connect, publish a batch, close."""
+"""What the broker adapters share: the safety net around ``publish``, and the log readers'
+chunks, errors and times. The protocols themselves (``Broker``, ``LogReader``) and their
+value types are in ``outbox.broker``."""
 
 from __future__ import annotations
 
-import abc
 import asyncio
-import enum
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from outbox.broker import Broker, LogEntry, PublishResult, permanent, retry
 from outbox.config import mask_url
 from outbox.errors import OutboxError
 from outbox.message import Message
@@ -19,68 +19,11 @@ NOT_CONNECTED = "not connected"  # every adapter's error while it has no connect
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, ConnectionError)
 
 log = logging.getLogger("relay.brokers")
-# Reading a broker's log back: entries come in chunks of LOG_CHUNK at most, each a
-# LogRow (msg_id, topic, seq, broker_ts: the columns of the broker log export).
+# Reading a broker's log back: entries come in chunks of at most LOG_CHUNK entries and
+# about LOG_CHUNK_BYTES of payload, so a reader's memory does not grow with the log.
 LOG_CHUNK = 50_000
+LOG_CHUNK_BYTES = 64 * 1024 * 1024
 READ_TIMEOUT_S = 30.0  # a broker silent this long while read is stuck, not done
-LogRow = dict[str, object]
-
-
-class Outcome(enum.Enum):
-    OK = "ok"
-    RETRY = "retry"  # may succeed later: timeouts, disconnects, overload
-    PERMANENT = "permanent"  # will not succeed as it is: unroutable, rejected, too large
-
-
-@dataclass(frozen=True, slots=True)
-class PublishResult:
-    outcome: Outcome
-    receipt: str | None = None  # the broker's id for the stored message, e.g. a stream sequence
-    error: str | None = None
-    duplicate: bool = False  # the broker already held this msg_id and dropped the copy
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome is Outcome.OK
-
-
-def ok(receipt: str, duplicate: bool = False) -> PublishResult:
-    return PublishResult(Outcome.OK, receipt=receipt, duplicate=duplicate)
-
-
-def retry(error: str) -> PublishResult:
-    return PublishResult(Outcome.RETRY, error=error)
-
-
-def permanent(error: str) -> PublishResult:
-    return PublishResult(Outcome.PERMANENT, error=error)
-
-
-class Broker(abc.ABC):
-    """A connection to one broker, used from one asyncio loop.
-
-    ``publish`` never raises for a message's own failure: it returns one result per
-    message, in the order given, and keeps many publishes in flight at once. An
-    exception about one message (encoding, size, destination, a client library's
-    TypeError) becomes that message's PERMANENT result; only a connection-level failure
-    makes every result RETRY.
-    """
-
-    @abc.abstractmethod
-    async def connect(self) -> None: ...
-
-    @abc.abstractmethod
-    async def publish(self, messages: Sequence[Message]) -> list[PublishResult]: ...
-
-    @abc.abstractmethod
-    async def close(self) -> None: ...
-
-    async def __aenter__(self) -> Broker:
-        await self.connect()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
 
 def unexpected(exc: BaseException) -> PublishResult:
@@ -139,3 +82,25 @@ def utc(value: datetime | None) -> datetime | None:
     if value is None:
         return None
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Chunk:
+    """Collects a reader's entries until it is ``full``, then ``take`` empties it."""
+
+    __slots__ = ("bytes", "entries")
+
+    def __init__(self) -> None:
+        self.entries: list[LogEntry] = []
+        self.bytes = 0
+
+    def add(self, entry: LogEntry) -> None:
+        self.entries.append(entry)
+        self.bytes += len(entry.payload)
+
+    @property
+    def full(self) -> bool:
+        return len(self.entries) >= LOG_CHUNK or self.bytes >= LOG_CHUNK_BYTES
+
+    def take(self) -> list[LogEntry]:
+        entries, self.entries, self.bytes = self.entries, [], 0
+        return entries

@@ -8,9 +8,15 @@ URL: ``nats://[user:pass@]host:port[?stream=NAME&subjects=a.>,b.>&timeout=1]``.
 With ``stream`` and ``subjects`` the stream is created on connect if it is missing.
 ``timeout``: how long one ``publish`` call (a batch) waits for all its acks.
 
-Reading back: ``read_stream`` fetches every stored message by sequence (exact, for
-checks and the comparison's delivery tracker); ``read_log`` streams a window of one or
-more streams through an ordered consumer in bounded memory (``outbox export``).
+Wire: the headers go in the NATS header block (``NATS/1.0`` line, ``Name: value`` lines,
+a blank line), which the server's ``max_payload`` counts with the payload. This module
+alone builds it; ``outbox.message`` measures messages by the same figures.
+
+Reading back: ``NatsBroker.read_log`` (the ``LogReader``) streams a window of one or more
+streams through an ordered consumer in bounded memory (``outbox export``);
+``read_entries`` is the same for several streams at once, missing ones allowed (model B's
+export); ``read_stream`` fetches every stored message by sequence (exact, for checks and
+the comparison's delivery tracker).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import base64
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -34,22 +40,11 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 
+from outbox.broker import Broker, LogEntry, LogReader, PublishResult, ok, permanent, retry
 from outbox.config import mask_url
 from outbox.errors import ConfigError, OutboxError
-from outbox.message import DEDUP_HEADER, Message, header_size, nats_reserved, sent_headers
-from relay.brokers.base import (
-    LOG_CHUNK,
-    NOT_CONNECTED,
-    Broker,
-    LogRow,
-    PublishResult,
-    ok,
-    permanent,
-    retry,
-    unexpected,
-    unreachable,
-    utc,
-)
+from outbox.message import Message, carried_headers
+from relay.brokers.base import NOT_CONNECTED, Chunk, unexpected, unreachable, utc
 
 log = logging.getLogger("relay.brokers.nats")
 
@@ -62,10 +57,29 @@ PERMANENT_ERRORS = (
     nats.errors.BadHeaderError,
 )
 _read_json = json.JSONDecoder().decode
+# The msg_id travels in this header: the server drops a second copy of it (dedup window).
+DEDUP_HEADER = "Nats-Msg-Id"
+# The header block around the "Name: value\r\n" lines: b"NATS/1.0\r\n" ... b"\r\n".
+HEADER_BLOCK_FRAME = len(b"NATS/1.0\r\n\r\n")
 TIMED_OUT = f"TimeoutError: {nats.errors.TimeoutError()}"  # what js.publish's timeout said
 
 
-class NatsBroker(Broker):
+def sent_headers(message: Message) -> dict[str, str]:
+    """What the adapter sends as headers: the carried headers and the dedup id."""
+    return {**carried_headers(message), DEDUP_HEADER: message.msg_id}
+
+
+def header_size(headers: Mapping[str, str]) -> int:
+    """Bytes of the header block: 'NATS/1.0' line, 'Name: value' lines, blank line."""
+    return HEADER_BLOCK_FRAME + sum(len(f"{k}: {v}\r\n".encode()) for k, v in headers.items())
+
+
+def server_subject(topic: str) -> bool:
+    """True for subjects of the server's own APIs ($JS, $SYS, ...) and request replies."""
+    return topic.startswith("$") or topic.split(".", 1)[0].upper() == "_INBOX"
+
+
+class NatsBroker(Broker, LogReader):
     """Publishes with one reply subscription for all acks, not ``js.publish``.
 
     ``js.publish`` is a request per message: a random inbox token, a future and a
@@ -147,7 +161,7 @@ class NatsBroker(Broker):
         self, nc: Client, batch: _Batch, index: int, message: Message
     ) -> PublishResult | None:
         """Send one message with its reply token; its outcome now if it has one already."""
-        if nats_reserved(message.topic):  # a command to the server, never a message: refuse
+        if server_subject(message.topic):  # a command to the server, never a message: refuse
             return permanent(f"subject {message.topic!r:.80} is reserved by the NATS server")
         token = ""
         try:
@@ -212,6 +226,19 @@ class NatsBroker(Broker):
 
     async def _on_reconnected(self) -> None:
         log.info("nats %s: reconnected", mask_url(self.url))
+
+    async def read_log(
+        self,
+        sources: Sequence[str] = (),
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> AsyncIterator[list[LogEntry]]:
+        """The ``LogReader``: ``sources`` are stream names, by default the URL's ?stream=."""
+        streams = list(sources) or ([self.stream] if self.stream else [])
+        if not streams:
+            raise ConfigError("broker: name the stream to read (--stream, or ?stream= in the URL)")
+        async for _, entries in read_entries(self.url, streams, since, until):
+            yield entries
 
 
 class _Batch:
@@ -381,32 +408,31 @@ async def connect_reader(url: str) -> Client:
         raise unreachable(url, errors[-1] if errors else "no server answered") from None
 
 
-# How a stored message becomes a row: (message, its time in UTC) -> row.
-RowOf = Callable[[Any, datetime | None], LogRow]
+def entry_of(msg: Msg, ts: datetime | None) -> LogEntry:
+    """A stored message as read back: the msg_id the relay sent as Nats-Msg-Id, apart
+    from the carried headers."""
+    headers = dict(msg.headers or {})
+    msg_id = headers.pop(DEDUP_HEADER, None)
+    return LogEntry(
+        msg_id, msg.subject, str(msg.metadata.sequence.stream), ts, msg.data or b"", headers
+    )
 
 
-def log_row(msg: Any, ts: datetime | None) -> LogRow:
-    """A broker log row: the msg_id the relay sent as Nats-Msg-Id, subject, sequence, time."""
-    headers = msg.headers or {}
-    return {"msg_id": headers.get(DEDUP_HEADER), "topic": msg.subject,
-            "seq": str(msg.metadata.sequence.stream), "broker_ts": ts}  # fmt: skip
-
-
-async def read_log(
+async def read_entries(
     url: str,
-    streams: list[tuple[str, RowOf]],
+    streams: Sequence[str],
     since: datetime | None = None,
     until: datetime | None = None,
     optional: bool = False,
-) -> AsyncIterator[list[LogRow]]:
-    """Rows of each stream stored in [since, until), in chunks; a missing stream is an
-    error unless ``optional``."""
+) -> AsyncIterator[tuple[str, list[LogEntry]]]:
+    """(stream, entries) of each stream stored in [since, until), in chunks; a missing
+    stream is an error unless ``optional``."""
     nc = await connect_reader(url)
     try:
         js = nc.jetstream(timeout=10)
-        for stream, row_of in streams:
-            async for rows in _read_one(js, stream, row_of, since, until, optional):
-                yield rows
+        for stream in streams:
+            async for entries in _read_one(js, stream, since, until, optional):
+                yield stream, entries
     finally:
         await nc.close()
 
@@ -414,11 +440,10 @@ async def read_log(
 async def _read_one(
     js: JetStreamContext,
     stream: str,
-    row_of: RowOf,
     since: datetime | None,
     until: datetime | None,
     optional: bool,
-) -> AsyncIterator[list[LogRow]]:
+) -> AsyncIterator[list[LogEntry]]:
     """One stream from ``since`` up to its last message now, via an ordered consumer."""
     from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -436,7 +461,7 @@ async def _read_one(
         else None
     )
     sub = await js.subscribe(">", stream=stream, ordered_consumer=True, config=config)
-    rows: list[LogRow] = []
+    chunk = Chunk()
     try:
         while True:
             try:
@@ -446,13 +471,12 @@ async def _read_one(
             meta = msg.metadata
             ts = utc(meta.timestamp) if meta.timestamp else None
             if until is None or ts is None or ts < until:
-                rows.append(row_of(msg, ts))
-            if len(rows) >= LOG_CHUNK:
-                yield rows
-                rows = []
+                chunk.add(entry_of(msg, ts))
+            if chunk.full:
+                yield chunk.take()
             if meta.sequence.stream >= last:
                 break
-        if rows:
-            yield rows
+        if chunk.entries:
+            yield chunk.take()
     finally:
         await sub.unsubscribe()

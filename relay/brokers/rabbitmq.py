@@ -23,8 +23,9 @@ channel lost -> retry (the connection reconnects by itself).
 
 URL: ``amqp://user:pass@host:5672/vhost[?exchange=NAME&audit=QUEUE&timeout=1&reconnect_interval=0.5]``.
 
-Reading back: ``read_log`` reads the audit stream queue up to an end marker it
-appends itself, in chunks, for ``outbox export broker``.
+Reading back: ``RabbitBroker.read_log`` (the ``LogReader``) reads a stream queue (the
+audit queue, or any stream queue bound to the exchange) up to an end marker it appends
+itself, in chunks, for ``outbox export broker``.
 """
 
 from __future__ import annotations
@@ -39,18 +40,13 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import aio_pika
 import aio_pika.exceptions as amqp_errors
 
+from outbox.broker import Broker, LogEntry, LogReader, PublishResult, ok, permanent, retry
 from outbox.errors import ConfigError, OutboxError
 from outbox.message import Message, carried_headers
 from relay.brokers.base import (
-    LOG_CHUNK,
     NOT_CONNECTED,
     READ_TIMEOUT_S,
-    Broker,
-    LogRow,
-    PublishResult,
-    ok,
-    permanent,
-    retry,
+    Chunk,
     unexpected,
     unreachable,
     utc,
@@ -62,7 +58,7 @@ PREFETCH = 1_000  # a log read's unacked deliveries in flight (AMQP caps it at 6
 MARKER_TYPE = "outbox.export-marker"
 
 
-class RabbitBroker(Broker):
+class RabbitBroker(Broker, LogReader):
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
@@ -144,11 +140,25 @@ class RabbitBroker(Broker):
         if connection is not None and not connection.is_closed:
             await connection.close()
 
+    async def read_log(
+        self,
+        sources: Sequence[str] = (),
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> AsyncIterator[list[LogEntry]]:
+        """The ``LogReader``: ``sources`` names one stream queue, by default the URL's
+        ?audit=."""
+        queues = list(sources) or ([self.audit_queue] if self.audit_queue else [])
+        if len(queues) != 1:
+            raise ConfigError("broker: name one audit stream queue to read (--queue)")
+        async for entries in read_queue(self.url, queues[0], since, until):
+            yield entries
 
-async def read_log(
+
+async def read_queue(
     url: str, queue_name: str, since: datetime | None = None, until: datetime | None = None
-) -> AsyncIterator[list[LogRow]]:
-    """What the audit stream queue holds (published in [since, until)), in chunks.
+) -> AsyncIterator[list[LogEntry]]:
+    """What a stream queue holds (published in [since, until)), in chunks.
 
     The queue is the one the relay's ``?audit=QUEUE`` declares. broker_ts is the
     relay's publish time (the AMQP ``timestamp``, in whole seconds: RabbitMQ stores no
@@ -156,7 +166,7 @@ async def read_log(
     at its edges do no harm, since reconciliation matches by msg_id.
     """
     try:
-        connection = await aio_pika.connect(RabbitBroker(url).url, timeout=READ_TIMEOUT_S)
+        connection = await aio_pika.connect(url, timeout=READ_TIMEOUT_S)
     except (OSError, TimeoutError) as exc:  # aio_pika's connection errors are OSErrors
         raise unreachable(url, exc) from None
     try:
@@ -194,9 +204,9 @@ async def publish_marker(channel: Any, queue_name: str) -> str:
 
 async def read_until_marker(
     inbox: asyncio.Queue[Any], marker: str, since: datetime | None, until: datetime | None
-) -> AsyncIterator[list[LogRow]]:
+) -> AsyncIterator[list[LogEntry]]:
     first = whole_second(since)  # attaching by time starts at a chunk: filter here too
-    rows: list[LogRow] = []
+    chunk = Chunk()
     while True:
         try:
             message = await asyncio.wait_for(inbox.get(), READ_TIMEOUT_S)
@@ -209,14 +219,26 @@ async def read_until_marker(
             break
         ts = utc(message.timestamp)
         if message.type != MARKER_TYPE and in_window(ts, first, until):
-            headers = message.headers or {}
-            rows.append({"msg_id": message.message_id, "topic": message.routing_key,
-                         "seq": str(headers.get("x-stream-offset")), "broker_ts": ts})  # fmt: skip
-        if len(rows) >= LOG_CHUNK:
-            yield rows
-            rows = []
-    if rows:
-        yield rows
+            chunk.add(entry_of(message, ts))
+        if chunk.full:
+            yield chunk.take()
+    if chunk.entries:
+        yield chunk.take()
+
+
+def entry_of(message: Any, ts: datetime | None) -> LogEntry:
+    """A delivery from the stream: the offset the server adds is its place, not a header."""
+    headers = dict(message.headers or {})
+    offset = headers.pop("x-stream-offset", None)
+    return LogEntry(
+        message.message_id,
+        message.routing_key or "",
+        str(offset),
+        ts,
+        message.body,
+        {name: value if isinstance(value, str) else str(value) for name, value in headers.items()},
+        {"content_type": message.content_type},
+    )
 
 
 def in_window(ts: datetime | None, since: datetime | None, until: datetime | None) -> bool:

@@ -10,35 +10,30 @@ crash between publish and mark) is stored twice, so consumers dedupe by ``msg_id
 URL: ``redis://[:password@]host:port[/db][?prefix=outbox:&maxlen=1000000&timeout=1]``
 (``rediss://`` for TLS). ``maxlen`` trims streams approximately (``MAXLEN ~``).
 
-Reading back: ``read_log`` pages through each topic's stream with XRANGE (a window of
-entry ids, as ids count milliseconds) for ``outbox export broker``; ``xrange_pages``
-is the paging itself.
+Reading back: ``RedisBroker.read_log`` (the ``LogReader``) pages through each topic's
+stream with XRANGE (a window of entry ids, as ids count milliseconds) for ``outbox
+export broker``; ``xrange_pages`` is the paging itself.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-import redis
 import redis.asyncio as aioredis
 import redis.exceptions
 
+from outbox.broker import Broker, LogEntry, LogReader, PublishResult, ok, permanent, retry
 from outbox.errors import ConfigError
 from outbox.message import Message, carried_headers
 from relay.brokers.base import (
     LOG_CHUNK,
     NOT_CONNECTED,
     READ_TIMEOUT_S,
-    Broker,
-    LogRow,
-    PublishResult,
-    ok,
-    permanent,
-    retry,
+    Chunk,
     unexpected,
     unreachable,
 )
@@ -48,7 +43,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 RETRYABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
-class RedisBroker(Broker):
+class RedisBroker(Broker, LogReader):
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
         query = parse_qs(parts.query)
@@ -105,6 +100,38 @@ class RedisBroker(Broker):
         if client is not None:
             await client.aclose()
 
+    async def read_log(
+        self,
+        sources: Sequence[str] = (),
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> AsyncIterator[list[LogEntry]]:
+        """The ``LogReader``: ``sources`` are topics (their streams, with the URL's prefix),
+        entries added in [since, until); broker_ts is the entry id's milliseconds."""
+        if not sources:
+            raise ConfigError("broker: name the topics to read (--topic)")
+        client = aioredis.from_url(
+            self.url, socket_timeout=READ_TIMEOUT_S, socket_connect_timeout=self.timeout
+        )
+        start = f"{ms_at_or_after(since)}-0" if since else "-"
+        end = f"({ms_at_or_after(until)}-0" if until else "+"
+        try:
+            try:
+                await client.ping()
+            except redis.exceptions.RedisError as exc:
+                raise unreachable(self.url, exc) from None
+            chunk = Chunk()
+            for topic in sources:
+                async for page in xrange_pages(client, self.prefix + topic, start, end):
+                    for entry_id, fields in page:
+                        chunk.add(entry_of(topic, entry_id, fields))
+                        if chunk.full:
+                            yield chunk.take()
+            if chunk.entries:
+                yield chunk.take()
+        finally:
+            await client.aclose()
+
 
 def fields(message: Message) -> dict[str | bytes, str | bytes]:
     """The entry's fields as bytes, encoded here: a value that cannot be encoded fails its
@@ -129,47 +156,30 @@ def result_of(reply: object) -> PublishResult:
     return ok(reply.decode() if isinstance(reply, bytes) else str(reply))
 
 
-def read_log(
-    url: str, topics: list[str], since: datetime | None = None, until: datetime | None = None
-) -> Iterator[list[LogRow]]:
-    """The entries of each topic's stream added in [since, until), in pages.
-
-    broker_ts is the entry id's milliseconds (the time Redis added the entry).
-    """
-    broker = RedisBroker(url)  # its URL parsing: the prefix, and the URL without it
-    client = redis.Redis.from_url(
-        broker.url, socket_timeout=READ_TIMEOUT_S, socket_connect_timeout=broker.timeout
-    )
-    start = f"{ms_at_or_after(since)}-0" if since else "-"
-    end = f"({ms_at_or_after(until)}-0" if until else "+"
-    try:
-        try:
-            client.ping()
-        except redis.exceptions.RedisError as exc:
-            raise unreachable(url, exc) from None
-        for topic in topics:
-            for page in xrange_pages(client, broker.prefix + topic, start, end):
-                yield [log_row(topic, entry_id, entry) for entry_id, entry in page]
-    finally:
-        client.close()
-
-
-def xrange_pages(client: Any, key: str, start: str = "-", end: str = "+") -> Iterator[list[Any]]:
+async def xrange_pages(
+    client: aioredis.Redis, key: str, start: str = "-", end: str = "+"
+) -> AsyncIterator[list[Any]]:
     """XRANGE in pages of LOG_CHUNK; the next page starts after the last id (Redis >= 6.2)."""
-    while page := client.xrange(key, start, end, count=LOG_CHUNK):
+    while True:
+        page: Any = await client.xrange(key, start, end, count=LOG_CHUNK)
+        if not page:
+            return
         yield page
         start = "(" + page[-1][0].decode()
 
 
-def log_row(topic: str, entry_id: bytes, entry: dict[bytes, bytes]) -> LogRow:
+def entry_of(topic: str, entry_id: bytes, fields: dict[bytes, bytes]) -> LogEntry:
     seq = entry_id.decode()
-    msg_id = entry.get(b"msg_id")
-    return {
-        "msg_id": msg_id.decode() if msg_id is not None else None,
-        "topic": topic,
-        "seq": seq,
-        "broker_ts": EPOCH + timedelta(milliseconds=int(seq.split("-")[0])),
-    }
+    msg_id = fields.get(b"msg_id")
+    raw_headers = fields.get(b"headers")
+    return LogEntry(
+        msg_id.decode() if msg_id is not None else None,
+        topic,
+        seq,
+        EPOCH + timedelta(milliseconds=int(seq.split("-")[0])),
+        fields.get(b"payload", b""),
+        json.loads(raw_headers) if raw_headers else {},
+    )
 
 
 def ms_at_or_after(moment: datetime) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from outbox.errors import OutboxError
-from relay.brokers import family_of
+from relay.brokers import family_of, reader_for
 from relay.cli.common import EXIT_OK, Commands, UsageError, add_db_flag, required
 from spark_jobs import reconcile
 from spark_jobs.flags import iso_time
@@ -81,22 +81,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# Where each broker family keeps its log, as a flag of `outbox export broker`.
+LOG_SOURCE_FLAGS = {"nats": ("--stream", "stream"), "redis": ("--topic", "topics"),
+                    "rabbitmq": ("--queue", "queue")}  # fmt: skip
+
+
 def export_broker(args: argparse.Namespace) -> int:
-    """The broker's log, read the way its URL's scheme says."""
+    """The broker's log, through the reader its URL's scheme picks."""
     from relay import export
 
     url = required(args.broker, "--broker", "a broker export (or set OUTBOX_BROKER)")
-    family = family_of(url)
+    flag, dest = LOG_SOURCE_FLAGS[family_of(url)]
     scheme = url.partition("://")[0]
-    window = (args.out, args.since, args.until)
-    if family == "nats":
-        stream = required(args.stream, "--stream", f"a broker export from {scheme}://")
-        return export.export_broker_nats(url, stream, *window)
-    if family == "redis":
-        topics = required(args.topics, "--topic", f"a broker export from {scheme}://")
-        return export.export_broker_redis(url, topics, *window)
-    queue = required(args.queue, "--queue", f"a broker export from {scheme}://")
-    return export.export_broker_rabbitmq(url, queue, *window)
+    given = required(getattr(args, dest), flag, f"a broker export from {scheme}://")
+    sources = given if isinstance(given, list) else [given]
+    return export.export_broker(reader_for(url), sources, args.out, args.since, args.until)
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:

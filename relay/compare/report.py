@@ -22,6 +22,7 @@ from typing import Any
 from outbox import migrate
 from outbox.config import mask_url
 from relay import export
+from relay.brokers import reader_for
 from relay.compare import add_arguments, workload_of
 from relay.compare.run import RunResult, run_models
 from relay.compare.workload import Workload
@@ -62,7 +63,7 @@ def broker(url: str | None) -> Iterator[tuple[str, NatsServer | None]]:
 def export_inputs(db: str, url: str, result: RunResult, folder: Path) -> dict[str, str]:
     folder.mkdir(parents=True, exist_ok=True)
     files = {"broker": str(folder / "broker.parquet")}
-    export.export_broker_nats(url, result.stream, files["broker"])
+    export.export_broker(reader_for(url), [result.stream], files["broker"])
     if result.model == "a":
         files["ledger"] = str(folder / "ledger.parquet")
         export.export_ledger(db, files["ledger"])

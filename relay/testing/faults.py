@@ -36,8 +36,8 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
 
+from outbox.broker import Broker, PublishResult
 from outbox.message import Message
-from relay.brokers.base import Broker, PublishResult
 from relay.testing.embedded import free_port
 
 log = logging.getLogger("relay.testing.faults")

@@ -1,21 +1,28 @@
-"""An in-memory broker for unit tests of the relay logic. No URL scheme reaches it."""
+"""An in-memory broker: publishes into a list, reads it back. No URL scheme reaches it;
+hand the object itself to ``Outbox(db, broker=MemoryBroker())`` or a ``BrokerLoop``."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
-from outbox.message import Message
-from relay.brokers.base import Broker, PublishResult, ok
+from outbox.broker import Broker, LogEntry, LogReader, PublishResult, ok
+from outbox.message import Message, carried_headers
+from relay.brokers.base import Chunk
 
 # Decides a message's fate before it is stored; None means store it.
 Policy = Callable[[Message], PublishResult | None]
 
 
 @dataclass
-class MemoryBroker(Broker):
-    """Keeps accepted messages in ``published``; drops a second copy of a msg_id, like JetStream."""
+class MemoryBroker(Broker, LogReader):
+    """Keeps accepted messages in ``published``; drops a second copy of a msg_id, like JetStream.
+
+    Its receipt is the message's place in ``published``, counting from 1; ``read_log``
+    gives them back as a broker's log (``sources``: topics, all when empty).
+    """
 
     policy: Policy | None = None
     delay: float = 0.0  # seconds each batch takes, to keep publishes in flight
@@ -23,6 +30,7 @@ class MemoryBroker(Broker):
     connected: bool = False
     batches: int = 0
     _receipts: dict[str, str] = field(default_factory=dict)
+    _stored_at: list[datetime] = field(default_factory=list)
 
     async def connect(self) -> None:
         self.connected = True
@@ -41,8 +49,33 @@ class MemoryBroker(Broker):
         if known is not None:
             return ok(known, duplicate=True)
         self.published.append(message)
+        self._stored_at.append(datetime.now(UTC))
         receipt = self._receipts[message.msg_id] = str(len(self.published))
         return ok(receipt)
 
     async def close(self) -> None:
         self.connected = False
+
+    async def read_log(
+        self,
+        sources: Sequence[str] = (),
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> AsyncIterator[list[LogEntry]]:
+        topics = set(sources)
+        held = list(zip(self.published, self._stored_at, strict=False))  # as it is now
+        chunk = Chunk()
+        for seq, (message, at) in enumerate(held, start=1):
+            if topics and message.topic not in topics:
+                continue
+            if (since is not None and at < since) or (until is not None and at >= until):
+                continue
+            entry = LogEntry(
+                message.msg_id, message.topic, str(seq), at, message.payload,
+                carried_headers(message),
+            )  # fmt: skip
+            chunk.add(entry)
+            if chunk.full:
+                yield chunk.take()
+        if chunk.entries:
+            yield chunk.take()

@@ -21,9 +21,9 @@ import aio_pika
 import pytest
 import redis
 
+from outbox.broker import Broker, Outcome, permanent
 from outbox.message import Message, build_message, carried_headers
 from relay.brokers import broker_for
-from relay.brokers.base import Broker, Outcome, permanent
 from relay.brokers.nats import read_stream
 from relay.brokers.redis import xrange_pages
 from relay.testing.embedded import NatsServer

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 from outbox import Outbox, migrate
 from outbox.table import PENDING, outbox_message
 from relay import export
+from relay.brokers import reader_for
 from relay.compare.run import KILLED_APP_MESSAGES, QUICK_OUTBOX
 from relay.testing.faults import MarkKiller, TcpProxy, kill_app_after_commit
 from tests.helpers import wait_until
@@ -66,7 +67,7 @@ def redis_broker(tmp_path: Path, topic: str) -> Iterator[Broker]:
     out = tmp_path / "redis.parquet"
 
     def copies() -> list[str]:
-        export.export_broker_redis(server.url, [topic], out)
+        export.export_broker(reader_for(server.url), [topic], out)
         return msg_ids(out)
 
     try:
@@ -85,7 +86,7 @@ def rabbitmq_broker(tmp_path: Path) -> Iterator[Broker]:
     out = tmp_path / "rabbit.parquet"
 
     def copies() -> list[str]:
-        export.export_broker_rabbitmq(f"{RABBIT}?exchange={exchange}", audit, out)
+        export.export_broker(reader_for(f"{RABBIT}?exchange={exchange}"), [audit], out)
         return msg_ids(out)
 
     try:

@@ -20,10 +20,10 @@ import aio_pika
 import pyarrow.parquet as pq
 import pytest
 
+from outbox.broker import Broker, PublishResult
 from outbox.errors import OutboxError
 from outbox.message import Message, build_message
 from relay import export
-from relay.brokers.base import Broker, PublishResult
 from relay.brokers.rabbitmq import RabbitBroker
 from relay.brokers.redis import RedisBroker, ms_at_or_after
 from relay.cli import main

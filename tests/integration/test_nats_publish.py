@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from outbox.broker import Outcome
 from outbox.message import Message, build_message
-from relay.brokers.base import NOT_CONNECTED, Outcome
+from relay.brokers.base import NOT_CONNECTED
 from relay.brokers.nats import TIMED_OUT, NatsBroker, read_stream
 from relay.testing.embedded import NatsServer
 from relay.testing.faults import TcpProxy

@@ -18,9 +18,9 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from outbox import Outbox, migrate, outbox_message
+from outbox.broker import Broker, PublishResult
 from outbox.config import Settings
 from outbox.message import Message
-from relay.brokers.base import Broker, PublishResult
 from relay.brokers.nats import NatsBroker, read_stream
 from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper
@@ -154,7 +154,7 @@ def test_poison_message_goes_dead_while_healthy_ones_flow(
 def test_failures_back_off_and_are_not_retaken_before_due(
     engine: Engine, loops: list[BrokerLoop]
 ) -> None:
-    from relay.brokers.base import retry
+    from outbox.broker import retry
 
     broker = MemoryBroker(policy=lambda m: retry("down"))
     sweeper = Sweeper(engine, running(broker, loops), Settings(backoff_base_s=30, backoff_cap_s=60))
@@ -262,7 +262,7 @@ def test_an_unreachable_broker_costs_the_rows_no_attempt(
 
 
 def test_a_drain_tries_each_failing_row_once(engine: Engine, loops: list[BrokerLoop]) -> None:
-    from relay.brokers.base import retry
+    from outbox.broker import retry
 
     broker = MemoryBroker(
         policy=lambda m: retry("refused for now") if m.payload == b"bad" else None

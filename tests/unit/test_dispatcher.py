@@ -11,10 +11,11 @@ from collections.abc import Callable, Iterator, Sequence
 import pytest
 from sqlalchemy.exc import OperationalError
 
+from outbox.broker import Outcome, PublishResult, permanent, retry
 from outbox.config import Settings
 from outbox.message import Message, build_message
 from relay.brokers import Broker
-from relay.brokers.base import Outcome, PublishResult, permanent, publish_isolated, retry
+from relay.brokers.base import publish_isolated
 from relay.dispatcher import Dispatcher
 from relay.listener import Failed, Path, Reason, RelayListener, Sent
 from relay.testing.faults import FaultyBroker

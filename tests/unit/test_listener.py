@@ -18,11 +18,11 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import OperationalError
 
 from outbox import migrate
+from outbox.broker import permanent, retry
 from outbox.config import Settings
 from outbox.message import Message, build_message
 from outbox.table import DEAD, SENT
 from relay.brokers import Broker
-from relay.brokers.base import permanent, retry
 from relay.dispatcher import Dispatcher
 from relay.listener import Failed, Listeners, Path, Reason, RelayListener, Sent
 from relay.loop import BrokerLoop

@@ -8,7 +8,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from relay.brokers.base import Outcome
+from outbox.broker import Outcome
 from relay.brokers.nats import ack_result
 
 

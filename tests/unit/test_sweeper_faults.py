@@ -15,12 +15,12 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import Engine
 
+from outbox.broker import PublishResult, permanent, retry
 from outbox.config import Settings
 from outbox.message import Message
 from outbox.rows import KnownForms
 from outbox.table import DEAD, PENDING, SENT
 from relay import store
-from relay.brokers.base import PublishResult, permanent, retry
 from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper, checked_message
 from relay.testing.faults import Fault, FaultyBroker
