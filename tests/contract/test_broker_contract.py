@@ -1,4 +1,6 @@
-"""One contract for every broker adapter: NATS JetStream, Redis Streams, in-memory.
+"""One contract for every broker adapter: NATS JetStream, Redis Streams, RabbitMQ,
+in-memory, each set up by the one harness (relay.testing.harness) and read back through
+its LogReader.
 
 Each adapter must answer one result per message, in order, with a receipt; keep a
 permanent failure to its own message; answer "retry" while the broker is down; and
@@ -8,206 +10,34 @@ publish again once it is back, without a new adapter.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import aio_pika
 import pytest
-import redis
 
-from outbox.broker import Broker, Outcome, permanent
-from outbox.message import Message, build_message, carried_headers
-from relay.brokers import broker_for
-from relay.brokers.nats import read_stream
-from relay.brokers.redis import xrange_pages
-from relay.testing.embedded import NatsServer
-from relay.testing.faults import TcpProxy
-from relay.testing.memory import MemoryBroker
-from tests.servers import RedisServer
+from outbox.broker import Broker, Outcome
+from outbox.message import Message, build_message
+from relay.testing.harness import BrokerUnderTest, broker_under_test
 
 
-@dataclass
-class Harness:
-    name: str
-    prefix: str
-    make: Callable[[], Broker]
-    read: Callable[[Broker, str], list[dict[str, Any]]]  # what the broker holds for a topic
-    poison: Callable[[str], Message]  # a message this broker refuses for good
-    dedup: bool  # the broker drops a second copy of a msg_id
-    server: Any = None  # has stop() and start() when the broker can be restarted
-    ordered_receipts: bool = True  # the reader sees the receipts the publisher got
-    unique_receipts: bool = True  # one broker id per message (RabbitMQ acks cover several)
-
-
-def nats_harness(server: NatsServer, prefix: str) -> Harness:
-    stream = f"C_{prefix}"
-
-    def read(broker: Broker, topic: str) -> list[dict[str, Any]]:
-        stored = asyncio.run(read_stream(server.url, stream))
-        return [
-            {
-                "msg_id": m.msg_id,
-                "receipt": f"{stream}:{m.seq}",
-                "headers": m.headers,
-                "payload": m.data,
-            }
-            for m in stored
-            if m.subject == topic
-        ]
-
-    return Harness(
-        "nats",
-        prefix,
-        lambda: broker_for(f"{server.url}?stream={stream}&subjects={prefix}.>"),
-        read,
-        lambda topic: build_message(topic, b"x" * (1024 * 1024), max_payload_bytes=2**21),
-        dedup=True,
-        server=server,
-    )
-
-
-def redis_harness(server: RedisServer, prefix: str) -> Harness:
-    def read(broker: Broker, topic: str) -> list[dict[str, Any]]:
-        client = redis.Redis.from_url(server.url)
-        entries = [entry for page in xrange_pages(client, topic) for entry in page]
-        client.close()
-        return [
-            {
-                "msg_id": f[b"msg_id"].decode(),
-                "receipt": entry_id.decode(),
-                "headers": json.loads(f[b"headers"]),
-                "payload": f[b"payload"],
-            }
-            for entry_id, f in entries
-        ]
-
-    def poison(topic: str) -> Message:
-        client = redis.Redis.from_url(server.url)
-        client.set(topic, "not a stream")  # XADD to it fails with WRONGTYPE
-        client.close()
-        return build_message(topic, b"x", max_payload_bytes=1000)
-
-    return Harness(
-        "redis", prefix, lambda: broker_for(server.url), read, poison, dedup=False, server=server
-    )
-
-
-RABBIT_PORT = int(os.environ.get("OUTBOX_TEST_RABBIT_PORT", "5672"))
-
-
-def rabbit_harness(proxy: TcpProxy, prefix: str) -> Harness:
-    """RabbitMQ behind a TCP proxy (so a restart can be made without restarting the node).
-
-    A queue of the test's own binds ``<prefix>.orders``; ``<prefix>.poison`` has no
-    binding, so the broker returns it as unroutable.
-    """
-    url = f"amqp://guest:guest@127.0.0.1:{proxy.port}/"
-    queue = f"contract-{prefix}"
-
-    async def declare() -> None:
-        connection = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{RABBIT_PORT}/")
-        channel = await connection.channel()
-        q = await channel.declare_queue(queue, auto_delete=False, arguments={"x-expires": 60_000})
-        await q.bind("amq.topic", routing_key=f"{prefix}.orders")
-        await connection.close()
-
-    asyncio.run(declare())
-
-    def read(broker: Broker, topic: str) -> list[dict[str, Any]]:
-        async def drain() -> list[dict[str, Any]]:
-            connection = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{RABBIT_PORT}/")
-            channel = await connection.channel()
-            q = await channel.get_queue(queue)
-            found: list[dict[str, Any]] = []
-            while (m := await q.get(fail=False, no_ack=True)) is not None:
-                headers = {k: str(v) for k, v in (m.headers or {}).items()}
-                found.append(
-                    {"msg_id": m.message_id, "receipt": None, "headers": headers, "payload": m.body}
-                )
-            await connection.close()
-            return found
-
-        return asyncio.run(drain())
-
-    return Harness(
-        "rabbitmq",
-        prefix,
-        lambda: broker_for(url),
-        read,
-        lambda topic: build_message(topic, b"x", max_payload_bytes=1000),
-        dedup=False,
-        server=proxy,
-        ordered_receipts=False,
-        unique_receipts=False,
-    )
-
-
-def memory_harness(prefix: str) -> Harness:
-    def make() -> Broker:
-        return MemoryBroker(
-            policy=lambda m: permanent("refused") if m.topic.endswith(".poison") else None
-        )
-
-    def read(broker: Broker, topic: str) -> list[dict[str, Any]]:
-        assert isinstance(broker, MemoryBroker)
-        return [
-            {
-                "msg_id": m.msg_id,
-                "receipt": str(i + 1),
-                "headers": carried_headers(m),
-                "payload": m.payload,
-            }
-            for i, m in enumerate(broker.published)
-            if m.topic == topic
-        ]
-
-    return Harness(
-        "memory",
-        prefix,
-        make,
-        read,
-        lambda topic: build_message(topic, b"x", max_payload_bytes=1000),
-        True,
-    )
-
-
-@contextlib.contextmanager
-def harness_for(kind: str) -> Iterator[Harness]:
-    prefix = f"c{uuid.uuid4().hex[:10]}"
-    if kind == "nats":
-        with NatsServer() as server:
-            yield nats_harness(server, prefix)
-    elif kind == "redis":
-        server = RedisServer().start()
-        try:
-            yield redis_harness(server, prefix)
-        finally:
-            server.close()
-    elif kind == "rabbitmq":
-        proxy = TcpProxy(RABBIT_PORT).start()
-        try:
-            yield rabbit_harness(proxy, prefix)
-        finally:
-            proxy.stop()
-    else:
-        yield memory_harness(prefix)
+def held(h: BrokerUnderTest, topic: str) -> list[dict[str, Any]]:
+    """What the broker holds for ``topic``, read back through its LogReader."""
+    return [
+        {"msg_id": e.msg_id, "receipt": h.receipt_of(e), "headers": e.headers, "payload": e.payload}
+        for e in h.read(topic)
+    ]
 
 
 @pytest.fixture(params=["nats", "redis", "rabbitmq", "memory"])
-def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
-    with harness_for(request.param) as h:
+def harness(request: pytest.FixtureRequest) -> Iterator[BrokerUnderTest]:
+    with broker_under_test(request.param) as h:
         yield h
 
 
 @pytest.fixture(params=["nats", "redis", "rabbitmq"])
-def restartable(request: pytest.FixtureRequest) -> Iterator[Harness]:
-    with harness_for(request.param) as h:
+def restartable(request: pytest.FixtureRequest) -> Iterator[BrokerUnderTest]:
+    with broker_under_test(request.param, restartable=True) as h:
         yield h
 
 
@@ -236,7 +66,7 @@ def messages(topic: str, n: int) -> list[Message]:
     ]
 
 
-def test_results_in_order_with_receipts_and_everything_carried(harness: Harness) -> None:
+def test_results_in_order_with_receipts_and_everything_carried(harness: BrokerUnderTest) -> None:
     topic = f"{harness.prefix}.orders"
     batch = messages(topic, 50)
     broker = harness.make()
@@ -245,7 +75,7 @@ def test_results_in_order_with_receipts_and_everything_carried(harness: Harness)
     assert all(r.receipt for r in results)
     if harness.unique_receipts:
         assert len({r.receipt for r in results}) == 50
-    stored = harness.read(broker, topic)
+    stored = held(harness, topic)
     assert [s["msg_id"] for s in stored] == [m.msg_id for m in batch], "stored in publish order"
     if harness.ordered_receipts:
         assert [s["receipt"] for s in stored] == [r.receipt for r in results]
@@ -255,19 +85,19 @@ def test_results_in_order_with_receipts_and_everything_carried(harness: Harness)
     assert first["headers"]["Outbox-Key"] == "k0" and first["headers"]["Outbox-Tags"] == "a,b"
 
 
-def test_permanent_failure_stays_with_its_own_message(harness: Harness) -> None:
+def test_permanent_failure_stays_with_its_own_message(harness: BrokerUnderTest) -> None:
     good = messages(f"{harness.prefix}.orders", 4)
     bad = harness.poison(f"{harness.prefix}.poison")
     broker = harness.make()
     results = run(broker, lambda b: b.publish([good[0], good[1], bad, good[2], good[3]]))
     assert [r.outcome for r in results] == [Outcome.OK] * 2 + [Outcome.PERMANENT] + [Outcome.OK] * 2
     assert results[2].error
-    assert [s["msg_id"] for s in harness.read(broker, f"{harness.prefix}.orders")] == [
+    assert [s["msg_id"] for s in held(harness, f"{harness.prefix}.orders")] == [
         m.msg_id for m in good
     ]
 
 
-def test_second_copy_of_a_msg_id(harness: Harness) -> None:
+def test_second_copy_of_a_msg_id(harness: BrokerUnderTest) -> None:
     [message] = messages(f"{harness.prefix}.orders", 1)
     broker = harness.make()
 
@@ -276,14 +106,14 @@ def test_second_copy_of_a_msg_id(harness: Harness) -> None:
 
     first, second = run(broker, twice)
     assert first.ok and second.ok
-    stored = harness.read(broker, f"{harness.prefix}.orders")
+    stored = held(harness, f"{harness.prefix}.orders")
     if harness.dedup:
         assert second.duplicate and len(stored) == 1
     else:  # documented: consumers dedupe by msg_id
         assert len(stored) == 2 and stored[0]["msg_id"] == stored[1]["msg_id"]
 
 
-def test_retry_while_down_and_publish_again_after_restart(restartable: Harness) -> None:
+def test_retry_while_down_and_publish_again_after_restart(restartable: BrokerUnderTest) -> None:
     h = restartable
     topic = f"{h.prefix}.orders"
     broker = h.make()

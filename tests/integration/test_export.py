@@ -1,4 +1,7 @@
-"""`outbox export broker` for Redis Streams and RabbitMQ, against real servers.
+"""`outbox export broker` for Redis Streams and RabbitMQ, against real servers: one
+export path (relay.export.export_broker) over each adapter's LogReader. Redis keys come
+from the one broker harness (relay.testing.harness); RabbitMQ uses the relay's own
+``?audit=`` stream queue, which is what this export is for.
 
 Each export is read back from Parquet and compared row by row with what the relay's
 adapter published: a row too many or too few is what a bug looks like (a page boundary
@@ -24,10 +27,11 @@ from outbox.broker import Broker, PublishResult
 from outbox.errors import OutboxError
 from outbox.message import Message, build_message
 from relay import export
+from relay.brokers import base, reader_for
 from relay.brokers.rabbitmq import RabbitBroker
-from relay.brokers.redis import RedisBroker, ms_at_or_after
+from relay.brokers.redis import ms_at_or_after
 from relay.cli import main
-from tests.servers import RedisServer
+from relay.testing.harness import BrokerUnderTest, broker_under_test
 
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -62,27 +66,24 @@ def next_second() -> None:
 
 
 @pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    try:
-        yield server
-    finally:
-        server.close()
+def redis_keys() -> Iterator[BrokerUnderTest]:
+    """The machine's Redis, with keys of this test's own (the URL's ?prefix=)."""
+    with broker_under_test("redis") as under_test:
+        yield under_test
 
 
 def test_redis_export_pages_through_every_entry(
-    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    redis_keys: BrokerUnderTest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(export, "CHUNK", 50)  # 61 entries in one stream: two pages and one
-    url = f"{redis_server.url}?prefix=ob:"
+    monkeypatch.setattr(base, "LOG_CHUNK", 50)  # 61 entries in one stream: two pages and one
     orders, refunds = messages("orders", 60), messages("refunds", 60)
     started = datetime.now(UTC).replace(microsecond=0)
-    results = publish(RedisBroker(url), orders, refunds, orders[:1])  # orders[0] twice
+    results = publish(redis_keys.make(), orders, refunds, orders[:1])  # orders[0] twice
     finished = datetime.now(UTC)
     receipts = [r.receipt for r in results]
 
     out = tmp_path / "broker.parquet"
-    assert export.export_broker_redis(url, ["orders", "refunds"], out) == 121
+    assert export.export_broker(redis_keys.reader, ["orders", "refunds"], out) == 121
 
     got = rows(out)
     expected = [
@@ -97,17 +98,17 @@ def test_redis_export_pages_through_every_entry(
         assert r["broker_ts"] == datetime.fromtimestamp(int(r["seq"].split("-")[0]) / 1000, UTC)
 
 
-def test_redis_export_keeps_to_the_window(redis_server: RedisServer, tmp_path: Path) -> None:
+def test_redis_export_keeps_to_the_window(redis_keys: BrokerUnderTest, tmp_path: Path) -> None:
     first, second = messages("orders", 5), messages("orders", 5)
-    publish(RedisBroker(redis_server.url), first)
+    publish(redis_keys.make(), first)
     time.sleep(0.01)  # entry ids count milliseconds: keep the batches apart
     mark = datetime.now(UTC)
     time.sleep(0.01)
-    publish(RedisBroker(redis_server.url), second)
+    publish(redis_keys.make(), second)
 
     after, before = tmp_path / "after.parquet", tmp_path / "before.parquet"
-    export.export_broker_redis(redis_server.url, ["orders"], after, since=mark)
-    export.export_broker_redis(redis_server.url, ["orders"], before, until=mark)
+    export.export_broker(redis_keys.reader, ["orders"], after, since=mark)
+    export.export_broker(redis_keys.reader, ["orders"], before, until=mark)
     assert [r["msg_id"] for r in rows(after)] == [m.msg_id for m in second]
     assert [r["msg_id"] for r in rows(before)] == [m.msg_id for m in first]
 
@@ -135,7 +136,7 @@ def rabbit_audit() -> Iterator[tuple[str, str]]:
 def test_rabbitmq_export_reads_the_audit_stream(
     rabbit_audit: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(export, "CHUNK", 7)  # several Parquet batches
+    monkeypatch.setattr(base, "LOG_CHUNK", 7)  # several Parquet batches
     url, audit = rabbit_audit
     orders, refunds = messages("orders", 20), messages("refunds", 10)
     started = datetime.now(UTC).replace(microsecond=0)
@@ -143,7 +144,7 @@ def test_rabbitmq_export_reads_the_audit_stream(
     finished = datetime.now(UTC)
 
     out = tmp_path / "broker.parquet"
-    assert export.export_broker_rabbitmq(url, audit, out) == 31
+    assert export.export_broker(reader_for(url), [audit], out) == 31
     got = rows(out)
     expected = Counter(
         [("orders", m.msg_id) for m in orders]
@@ -155,7 +156,7 @@ def test_rabbitmq_export_reads_the_audit_stream(
     assert all(started <= r["broker_ts"] <= finished for r in got)
 
     again = tmp_path / "again.parquet"  # the first export's end marker is not a row
-    assert export.export_broker_rabbitmq(url, audit, again) == 31
+    assert export.export_broker(reader_for(url), [audit], again) == 31
     assert rows(again) == got
 
 
@@ -168,16 +169,18 @@ def test_rabbitmq_export_keeps_to_the_window(rabbit_audit: tuple[str, str], tmp_
     publish(RabbitBroker(url), second)
 
     out = tmp_path / "broker.parquet"
-    export.export_broker_rabbitmq(url, audit, out, since=mark)
+    export.export_broker(reader_for(url), [audit], out, since=mark)
     assert sorted(r["msg_id"] for r in rows(out)) == sorted(m.msg_id for m in second)
     later = mark + timedelta(hours=1)  # the consumer attaches at the end and still stops
-    assert export.export_broker_rabbitmq(url, audit, tmp_path / "none.parquet", since=later) == 0
+    assert (
+        export.export_broker(reader_for(url), [audit], tmp_path / "none.parquet", since=later) == 0
+    )
 
 
 def test_rabbitmq_export_names_the_missing_audit_queue(tmp_path: Path) -> None:
     missing = f"export-missing-{uuid.uuid4().hex[:10]}"
     with pytest.raises(OutboxError, match=r"\?audit="):
-        export.export_broker_rabbitmq(RABBIT_URL, missing, tmp_path / "x.parquet")
+        export.export_broker(reader_for(RABBIT_URL), [missing], tmp_path / "x.parquet")
 
 
 # The command line: a missing flag is one line naming it

@@ -5,24 +5,19 @@ the same way once recheck() lets them through.
 Each example sends a few generated messages in one PostgreSQL transaction (refused
 ones must be OutboxErrors), plants a few rows by hand, reads them back as the sweeper
 does (outbox.rows.message_of), publishes them with the real adapter and reads them
-back from the broker the way a consumer does.
+back from the broker through its LogReader (relay.testing.harness: one harness for every
+broker).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aio_pika
-import nats
 import pytest
-import redis.asyncio as aioredis
 from hypothesis import event, given
 from hypothesis import strategies as st
 from sqlalchemy import Engine, insert, select
@@ -30,28 +25,24 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, outbox_message
+from outbox.broker import Broker
 from outbox.config import Settings
 from outbox.errors import InvalidHeaders, InvalidMessage, PayloadTooLarge
 from outbox.message import (
-    DEDUP_HEADER,
     MAX_HEADER_BYTES,
     Message,
     build_message,
+    carried_headers,
     encoded_size,
-    header_size,
     recheck,
-    sent_headers,
     uuid7,
 )
 from outbox.rows import message_of
-from relay.brokers import Broker, broker_for
+from relay.brokers.nats import header_size, sent_headers
 from relay.testing.embedded import NatsServer
+from relay.testing.harness import BrokerUnderTest, broker_under_test
 from tests.property import strategies as s
 from tests.property.test_send_input import assert_stored_as_given
-
-AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
-REDIS_URL = "redis://127.0.0.1:6379/0"
-READ_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -62,135 +53,53 @@ class Received:
     headers: dict[str, Any]
 
 
-# Reads the messages just published back from the broker, as a consumer does.
-Reader = Callable[[Sequence[Message]], Awaitable[list[Received]]]
-
-
 @dataclass
 class Rig:
-    """One broker for the whole module: an adapter, a reader and a topic prefix of its own."""
+    """One broker for the whole module (relay.testing.harness), its adapter connected once."""
 
     name: str
     prefix: str
     runner: asyncio.Runner
     broker: Broker
-    read: Reader
-    dedup_header: bool  # NATS carries msg_id as a header too
+    under_test: BrokerUnderTest
+
+    async def read(self, messages: Sequence[Message]) -> list[Received]:
+        """The broker's entries for ``messages``, read back through its LogReader."""
+        wanted = {m.msg_id for m in messages}
+        got: list[Received] = []
+        for entry in await self.under_test.read_async():
+            if entry.msg_id not in wanted:
+                continue
+            if self.name == "rabbitmq":
+                # The adapter also sets AMQP's content_type property (aio-pika drops an empty one).
+                content_type = entry.properties["content_type"]
+                assert content_type == (entry.headers.get("content-type") or None)
+            got.append(Received(entry.msg_id or "", entry.topic, entry.payload, entry.headers))
+        return got
 
     def expected_headers(self, message: Message) -> dict[str, str]:
-        headers = sent_headers(message)
-        if not self.dedup_header:
-            del headers[DEDUP_HEADER]
-        return headers
-
-
-@asynccontextmanager
-async def nats_parts(url: str, prefix: str) -> AsyncIterator[tuple[Broker, Reader]]:
-    nc = await nats.connect(url)
-    js = nc.jetstream()
-    stream = f"P_{prefix}"
-    await js.add_stream(name=stream, subjects=[f"{prefix}.>"])
-    consumer = await js.pull_subscribe(f"{prefix}.>", stream=stream)  # as a consumer reads
-
-    async def read(messages: Sequence[Message]) -> list[Received]:
-        got: list[Received] = []
-        deadline = time.monotonic() + READ_TIMEOUT_S
-        while len(got) < len(messages) and time.monotonic() < deadline:
-            for msg in await consumer.fetch(len(messages) - len(got), timeout=READ_TIMEOUT_S):
-                await msg.ack()
-                headers = dict(msg.headers or {})
-                got.append(Received(headers.get(DEDUP_HEADER, ""), msg.subject, msg.data, headers))
-        return got
-
-    broker = broker_for(url)
-    await broker.connect()
-    try:
-        yield broker, read
-    finally:
-        await broker.close()
-        await js.delete_stream(stream)
-        await nc.close()
-
-
-@asynccontextmanager
-async def rabbit_parts(prefix: str) -> AsyncIterator[tuple[Broker, Reader]]:
-    broker = broker_for(f"{AMQP_URL}?exchange={prefix}")
-    await broker.connect()  # declares the exchange
-    connection = await aio_pika.connect(AMQP_URL)
-    channel = await connection.channel()
-    exchange = await channel.get_exchange(prefix)
-    queue = await channel.declare_queue(exclusive=True)
-    await queue.bind(exchange, "#")
-
-    async def read(messages: Sequence[Message]) -> list[Received]:
-        got: list[Received] = []
-        deadline = time.monotonic() + READ_TIMEOUT_S
-        while len(got) < len(messages) and time.monotonic() < deadline:
-            msg = await queue.get(no_ack=True, fail=False)
-            if msg is None:
-                await asyncio.sleep(0.005)  # poll, bounded by the deadline
-                continue
-            headers = dict(msg.headers)
-            # The adapter also sets AMQP's content_type property (aio-pika drops an empty one).
-            assert msg.content_type == (headers.get("content-type") or None)
-            got.append(Received(msg.message_id or "", msg.routing_key or "", msg.body, headers))
-        return got
-
-    try:
-        yield broker, read
-    finally:
-        await broker.close()
-        await exchange.delete()
-        await connection.close()
-
-
-@asynccontextmanager
-async def redis_parts(prefix: str) -> AsyncIterator[tuple[Broker, Reader]]:
-    key_prefix = f"{prefix}:"
-    broker = broker_for(f"{REDIS_URL}?prefix={key_prefix}")
-    await broker.connect()
-    client = aioredis.from_url(REDIS_URL)
-
-    async def read(messages: Sequence[Message]) -> list[Received]:
-        got: list[Received] = []
-        async for key in client.scan_iter(match=f"{key_prefix}*"):  # every stream it wrote
-            topic = key.decode()[len(key_prefix) :]
-            for _, fields in await client.xrange(key):
-                headers = json.loads(fields[b"headers"])
-                got.append(Received(fields[b"msg_id"].decode(), topic, fields[b"payload"], headers))
-            await client.delete(key)
-        return got
-
-    try:
-        yield broker, read
-    finally:
-        await broker.close()
-        async for key in client.scan_iter(match=f"{key_prefix}*"):
-            await client.delete(key)
-        await client.aclose()
+        return carried_headers(message)  # NATS's Nats-Msg-Id comes back as the msg_id
 
 
 @pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
+def nats_server() -> Iterator[NatsServer]:
     with NatsServer() as server:
-        yield server.url
+        yield server
 
 
 @pytest.fixture(scope="module", params=["nats", "rabbitmq", "redis"])
 def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
-    prefix = f"p{uuid.uuid4().hex[:10]}"
-    if request.param == "nats":
-        parts = nats_parts(request.getfixturevalue("nats_url"), prefix)
-    elif request.param == "rabbitmq":
-        parts = rabbit_parts(prefix)
-    else:
-        parts = redis_parts(prefix)
-    with asyncio.Runner() as runner:
-        broker, read = runner.run(parts.__aenter__())
+    server = request.getfixturevalue("nats_server") if request.param == "nats" else None
+    with (
+        broker_under_test(request.param, nats_server=server) as under_test,
+        asyncio.Runner() as runner,
+    ):
+        broker = under_test.make()
+        runner.run(broker.connect())
         try:
-            yield Rig(request.param, prefix, runner, broker, read, request.param == "nats")
+            yield Rig(request.param, under_test.prefix, runner, broker, under_test)
         finally:
-            runner.run(parts.__aexit__(None, None, None))
+            runner.run(broker.close())
 
 
 specs = st.tuples(s.topic_part, s.payloads, s.keys, s.tags, s.headers)
