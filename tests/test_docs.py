@@ -4,7 +4,8 @@ documented, every relative link resolves.
 The other commands the docs show are run by tests: `make demo` (acceptance/test_demo),
 `python -m examples.webapp` and its POST (acceptance/test_webapp), the metrics scrape
 (acceptance/test_relay_metrics), the nightly job (spark/test_end_to_end), `outbox
-compare` (spark/test_end_to_end) and the README's Python example (test_readme).
+compare` (spark/test_end_to_end) and the README's Python example (test_readme); the
+testing guide's example runs here.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,3 +67,14 @@ def test_relative_links_resolve() -> None:
             if "://" not in target and not (doc.parent / target).exists():
                 broken.append(f"{doc.relative_to(ROOT)} -> {target}")
     assert not broken
+
+
+def test_the_testing_guide_runs_as_a_users_test(tmp_path: Path) -> None:
+    """docs/testing.md: its Python block is a user's pytest module; its test passes."""
+    [block] = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "testing.md").read_text(), re.S)
+    scope: dict[str, Any] = {}
+    exec(compile(block, "docs/testing.md", "exec"), scope)
+    tests = [name for name in scope if name.startswith("test_")]
+    assert tests
+    for name in tests:
+        scope[name](tmp_path)

@@ -52,3 +52,22 @@ def test_an_api_error_is_permanent_only_if_400(code: int, outcome: Outcome, name
 @pytest.mark.parametrize("data", [b"", b"not json", b'{"seq":1}', b"\xff"])
 def test_a_reply_that_is_no_ack_is_permanent(data: bytes) -> None:
     assert ack_result(reply(data), "t.a").outcome is Outcome.PERMANENT
+
+
+@pytest.mark.parametrize(
+    ("key", "tags", "headers"),
+    [
+        (None, None, {}),
+        ("k", "a,b", {"h": "é", "content-type": "text/plain"}),
+        ("ключ", None, {"x": "😀 v"}),
+    ],
+)
+def test_sends_size_rule_counts_the_nats_header_block_exactly(
+    key: str | None, tags: str | None, headers: dict[str, str]
+) -> None:
+    """outbox.message measures by the figures of the block this adapter builds."""
+    from outbox.message import Message, encoded_size, uuid7
+    from relay.brokers.nats import header_size, sent_headers
+
+    message = Message(str(uuid7()), "t.a", b"payload", key, tags, headers)
+    assert encoded_size(message) == len(message.payload) + header_size(sent_headers(message))
