@@ -4,10 +4,14 @@ Nothing here is a product default: a product ``Outbox`` or the ``outbox`` comman
 refuses a ``memory://`` URL, so a test double is always chosen explicitly, by
 constructing it.
 
-- ``MemoryBroker``: a ``relay.brokers.Broker`` that keeps what it accepts in
-  ``published``, drops a second copy of a msg_id (as JetStream does) and can answer
-  per message through a ``policy``. Hand it to a ``BrokerLoop`` (``relay.loop``) for
-  unit tests of the dispatcher or the sweeper.
+- ``MemoryBroker``: an ``outbox.broker.Broker`` (and ``LogReader``) that keeps what it
+  accepts in ``published``, drops a second copy of a msg_id (as JetStream does) and can
+  answer per message through a ``policy``. ``Outbox(db, broker=MemoryBroker())`` runs
+  an app end to end with no server (docs/testing.md); a ``BrokerLoop`` (``relay.loop``)
+  takes it for unit tests of the dispatcher or the sweeper.
+- ``harness.broker_under_test(kind)``: one broker test harness for every broker (NATS,
+  RabbitMQ, Redis, memory): a namespace of the test's own, published to through the
+  adapter and read back through its ``LogReader``, cleaned up afterwards.
 - ``FaultyBroker(inner, faults)``: wraps any Broker and fails chosen messages (a
   ``permanent(...)``/``retry(...)`` answer, or an exception raised from ``publish``), or
   makes every publish block its thread (``stall_s``).

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import os
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -237,9 +237,3 @@ def _memory(prefix: str) -> BrokerUnderTest:
         server=None,
         receipt_of=lambda entry: entry.seq,
     )
-
-
-def published_in(entries: Sequence[LogEntry], messages: Sequence[Message]) -> list[LogEntry]:
-    """The entries of these messages (by msg_id), in the order the broker holds them."""
-    wanted = {m.msg_id for m in messages}
-    return [e for e in entries if e.msg_id in wanted]
