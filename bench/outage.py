@@ -28,7 +28,7 @@ import relay.runtime  # noqa: F401
 from bench.fast_path import bench_schema
 from bench.report import print_rows
 from outbox import Outbox, migrate
-from outbox.config import Settings
+from outbox.settings import Settings
 from relay.testing.embedded import NatsServer
 
 MIB = 1024 * 1024

@@ -27,7 +27,7 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, func, select
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, migrate, outbox_message
-from outbox.config import mask_url
+from outbox.secrets import mask_url
 from relay.brokers.nats import read_stream
 from relay.testing.embedded import NatsServer
 

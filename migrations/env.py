@@ -12,7 +12,7 @@ from alembic import context
 from sqlalchemy import Connection
 from sqlalchemy.pool import NullPool
 
-from outbox.config import engine_from
+from outbox.engines import engine_from
 from outbox.migrate import VERSION_TABLE, migration_lock
 from outbox.table import metadata
 

@@ -18,19 +18,18 @@ from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from outbox import aio, forks, rows, tracing
 from outbox.broker import Broker
-from outbox.config import (
-    Settings,
+from outbox.engines import (
     async_engine_from,
     check_broker_url,
     engine_from,
     given_url,
     is_async_url,
-    mask_url,
     sync_url,
-    url_of,
 )
 from outbox.errors import ConfigError, WrongDatabase
 from outbox.message import Message, build_message
+from outbox.secrets import mask_url, url_of
+from outbox.settings import Settings
 from outbox.table import outbox_message
 from outbox.target import mismatch
 from outbox.tracking import remember, stage
@@ -79,7 +78,7 @@ class Outbox:
     ``sweeper``: also run the sweeper in this process once started (default True).
     ``listener``: a ``relay.listener.RelayListener`` whose hooks hear what the relay
     did with each message (more with ``add_listener``).
-    Other options are the fields of ``outbox.config.Settings``.
+    Other options are the fields of ``outbox.settings.Settings``.
     """
 
     def __init__(

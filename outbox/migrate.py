@@ -18,8 +18,9 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect, text
 
-from outbox.config import engine_from, url_of
+from outbox.engines import engine_from
 from outbox.errors import OutboxError
+from outbox.secrets import url_of
 from outbox.table import metadata
 
 VERSION_TABLE = "outbox_alembic_version"

@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from outbox.broker import Outcome, PublishResult, retry
-from outbox.config import Settings
 from outbox.message import Message
+from outbox.settings import Settings
 from outbox.tracing import publish_span
 from relay.acks import AckBatcher, Finish, Verify
 from relay.batches import BatchReport

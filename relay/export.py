@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from sqlalchemy import Engine, Select, select
 
 from outbox.broker import LogEntry, LogReader
-from outbox.config import engine_from
+from outbox.engines import engine_from
 from outbox.table import outbox_message as t
 from outbox.table import transaction_record
 from relay.brokers.base import utc

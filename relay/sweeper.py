@@ -27,9 +27,9 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from outbox.broker import Outcome, PublishResult, permanent
-from outbox.config import Settings
 from outbox.message import Message
 from outbox.rows import KnownForms, StoredRow, stored_message
+from outbox.settings import Settings
 from outbox.table import DEAD, PENDING
 from outbox.tracing import publish_span
 from relay import store

@@ -14,7 +14,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
 
 from outbox import migrate
-from outbox.config import Settings
+from outbox.settings import Settings
 from relay.listener import RelayListener
 from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from outbox import Outbox
-from outbox.config import async_engine_from, async_url
+from outbox.engines import async_engine_from, async_url
 
 T = TypeVar("T")
 Case = Coroutine[Any, Any, T]

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from outbox.config import Settings
+from outbox.settings import Settings
 from relay.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]

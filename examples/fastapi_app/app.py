@@ -50,7 +50,7 @@ from examples.webapp.app import (
     unstorable,
 )
 from outbox import Outbox, migrate
-from outbox.config import async_engine_from
+from outbox.engines import async_engine_from
 from outbox.errors import OutboxError
 
 

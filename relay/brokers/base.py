@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from outbox.broker import Broker, LogEntry, PublishResult, permanent, retry
-from outbox.config import mask_url
 from outbox.errors import OutboxError
 from outbox.message import Message
+from outbox.secrets import mask_url
 
 NOT_CONNECTED = "not connected"  # every adapter's error while it has no connection
 # Exceptions that say the connection, not the message, failed.

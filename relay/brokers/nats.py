@@ -41,9 +41,9 @@ from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 
 from outbox.broker import Broker, LogEntry, LogReader, PublishResult, ok, permanent, retry
-from outbox.config import mask_url
 from outbox.errors import ConfigError, OutboxError
 from outbox.message import Message, carried_headers
+from outbox.secrets import mask_url
 from relay.brokers.base import NOT_CONNECTED, Chunk, unexpected, unreachable, utc
 
 log = logging.getLogger("relay.brokers.nats")

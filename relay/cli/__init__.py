@@ -22,8 +22,9 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from outbox.config import check_broker_url, mask_url, scrub
+from outbox.engines import check_broker_url
 from outbox.errors import OutboxError
+from outbox.secrets import mask_url, scrub
 from relay.cli import data, modelb, run, schema
 from relay.cli.common import EXIT_FAILED, EXIT_USAGE, UsageError, add_debug_flag
 

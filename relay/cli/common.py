@@ -9,8 +9,9 @@ from typing import TypeAlias, TypeVar
 
 from sqlalchemy import Engine
 
-from outbox.config import CONNECT_TIMEOUT_S, engine_from
+from outbox.engines import engine_from
 from outbox.errors import OutboxError
+from outbox.settings import CONNECT_TIMEOUT_S
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DEAD = 0, 1, 2, 3
 READ_TIMEOUT_S = 60.0  # a CLI read (status, requeue, drain's count) waits this long at most

@@ -7,8 +7,8 @@ import logging
 import signal
 from collections.abc import Callable
 
-from outbox.config import mask_url
 from outbox.errors import OutboxError
+from outbox.secrets import mask_url
 from relay import compare
 from relay.cli.common import (
     EXIT_OK,

@@ -16,8 +16,9 @@ from typing import Any, NoReturn
 from sqlalchemy import Engine
 
 from outbox import migrate
-from outbox.config import Settings, mask_url
 from outbox.errors import OutboxError
+from outbox.secrets import mask_url
+from outbox.settings import Settings
 from relay import store
 from relay.brokers import broker_for
 from relay.cli.common import (

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from outbox import migrate
-from outbox.config import mask_url
+from outbox.secrets import mask_url
 from relay import store
 from relay.cli.common import (
     EXIT_DEAD,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from outbox import migrate
-from outbox.config import mask_url
+from outbox.secrets import mask_url
 from relay import export
 from relay.brokers import reader_for
 from relay.compare import add_arguments, workload_of

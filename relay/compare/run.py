@@ -48,7 +48,7 @@ from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session
 
 from outbox import Outbox
-from outbox.config import engine_from, with_query
+from outbox.engines import engine_from, with_query
 from outbox.table import DEAD, outbox_message, transaction_record
 from relay.brokers.nats import create_stream, read_stream
 from relay.compare.workload import FAULTS, POISON, Workload, business, orders, place_order

@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.orm import sessionmaker
 
-from outbox.config import engine_from
+from outbox.engines import engine_from
 from outbox.message import build_message
 from outbox.table import transaction_record
 from relay.halfop.link import ProducerLink

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateSchema, DropSchema
 
-from outbox.config import engine_from, schema_url
+from outbox.engines import engine_from, schema_url
 from outbox.names import NAME_MAX, check_name
 
 SUFFIX = 13  # "_" and 12 hex digits

@@ -20,8 +20,9 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from outbox import Outbox, migrate
-from outbox.config import check_broker_url, mask_url
+from outbox.engines import check_broker_url
 from outbox.errors import ConfigError
+from outbox.secrets import mask_url
 from relay.testing.embedded import NatsServer, free_port
 from tests.helpers import wait_until
 

@@ -13,7 +13,7 @@ from sqlalchemy import Engine, create_engine, event, func, make_url, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session, async_sessionmaker
 
 from outbox import Outbox, migrate, outbox_message
-from outbox.config import async_engine_from, is_async_url, server_settings, timeouts
+from outbox.engines import async_engine_from, is_async_url, server_settings, timeouts
 from outbox.errors import ConfigError
 from relay.brokers.nats import read_stream
 from relay.testing.embedded import NatsServer

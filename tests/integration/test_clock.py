@@ -25,7 +25,7 @@ from sqlalchemy import Engine, create_engine, event, select, text
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, migrate, outbox_message
-from outbox.config import Settings
+from outbox.settings import Settings
 from relay import store
 from relay.brokers import broker_for
 from relay.brokers.nats import read_stream

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from outbox.config import schema_url
+from outbox.engines import schema_url
 from outbox.errors import ConfigError
 from outbox.names import check_name
 from relay.testing import scratch_schema

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from outbox.config import Settings
 from outbox.message import KEY_HEADER, TAGS_HEADER, Message, uuid7
+from outbox.settings import Settings
 from outbox.table import DEAD, PENDING, SENT
 from relay.brokers import broker_for
 from relay.dispatcher import Dispatcher

@@ -19,8 +19,8 @@ from sqlalchemy.pool import NullPool
 
 from outbox import Outbox, migrate, outbox_message
 from outbox.broker import Broker, PublishResult
-from outbox.config import Settings
 from outbox.message import Message
+from outbox.settings import Settings
 from relay.brokers.nats import NatsBroker, read_stream
 from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper

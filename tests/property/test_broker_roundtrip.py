@@ -26,7 +26,6 @@ from sqlalchemy.orm import Session
 
 from outbox import Outbox, outbox_message
 from outbox.broker import Broker
-from outbox.config import Settings
 from outbox.errors import InvalidHeaders, InvalidMessage, PayloadTooLarge
 from outbox.message import (
     MAX_HEADER_BYTES,
@@ -38,6 +37,7 @@ from outbox.message import (
     uuid7,
 )
 from outbox.rows import message_of
+from outbox.settings import Settings
 from relay.brokers.nats import header_size, sent_headers
 from relay.testing.embedded import NatsServer
 from relay.testing.harness import BrokerUnderTest, broker_under_test

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
-from outbox.config import Settings
 from outbox.message import KEY_HEADER, TAGS_HEADER
+from outbox.settings import Settings
 from outbox.table import PENDING, SENT
 from relay.brokers import broker_for
 from relay.loop import BrokerLoop

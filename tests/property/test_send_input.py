@@ -15,10 +15,10 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, outbox_message
-from outbox.config import Settings
 from outbox.errors import ConfigError, InvalidMessage, OutboxError
 from outbox.message import Message, build_message, encoded_size, recheck
 from outbox.rows import message_of
+from outbox.settings import Settings
 from tests.property import strategies as s
 
 anything = st.one_of(

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from outbox.broker import Outcome, PublishResult, permanent, retry
-from outbox.config import Settings
 from outbox.message import Message, build_message
+from outbox.settings import Settings
 from relay.brokers import Broker
 from relay.brokers.base import publish_isolated
 from relay.dispatcher import Dispatcher

@@ -19,8 +19,8 @@ from sqlalchemy.exc import OperationalError
 
 from outbox import migrate
 from outbox.broker import permanent, retry
-from outbox.config import Settings
 from outbox.message import Message, build_message
+from outbox.settings import Settings
 from outbox.table import DEAD, SENT
 from relay.brokers import Broker
 from relay.dispatcher import Dispatcher

@@ -16,9 +16,9 @@ import pytest
 from sqlalchemy import Engine
 
 from outbox.broker import PublishResult, permanent, retry
-from outbox.config import Settings
 from outbox.message import Message
 from outbox.rows import KnownForms
+from outbox.settings import Settings
 from outbox.table import DEAD, PENDING, SENT
 from relay import store
 from relay.loop import BrokerLoop

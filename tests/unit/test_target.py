@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from outbox.config import given_url
+from outbox.engines import given_url
 from outbox.target import PG_DEFAULT_PATH, libpq_escape, libpq_words, mismatch, target_of
 
 PG = "postgresql+psycopg://u:pw@h:5432/d"

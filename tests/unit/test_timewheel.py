@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from outbox.config import RETRY_DELAYS_MS
+from outbox.settings import RETRY_DELAYS_MS
 from relay.timewheel import TimeWheel
 
 

@@ -1,15 +1,13 @@
-"""Settings of an ``Outbox`` with their defaults, and the URL helpers every entry point uses."""
+"""Engines and drivers: an Engine or AsyncEngine for a database URL, with the driver's
+timeouts; the sync and async driver of one database; database and broker URL checks."""
 
 from __future__ import annotations
 
 import functools
 import math
-import re
 import weakref
-from collections.abc import Iterable
-from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from sqlalchemy import URL, Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -18,188 +16,12 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from outbox import aio
 from outbox.errors import ConfigError
 from outbox.names import check_name
+from outbox.secrets import BROKER_SCHEMES, mask_url
+from outbox.settings import CONNECT_TIMEOUT_S
 from outbox.target import connect_params, libpq_escape, libpq_words, search_path_setting
 
 if TYPE_CHECKING:  # imported by aio.require() when an async engine is made
     from sqlalchemy.ext.asyncio import AsyncEngine
-
-CONNECT_TIMEOUT_S = 10.0  # a database host that does not answer fails after this
-RETRY_DELAYS_MS = (0, 5, 10, 25, 50, 100, 200, 300, 500, 800, 1000, 1000, 1000)
-# The one table of product broker URL schemes: scheme -> broker family (the adapter module
-# in relay.brokers and the extra that installs its client). Test doubles have no scheme.
-BROKER_SCHEMES = {
-    "nats": "nats",
-    "tls": "nats",
-    "amqp": "rabbitmq",
-    "amqps": "rabbitmq",
-    "redis": "redis",
-    "rediss": "redis",
-}
-MARK_MODES = ("keep", "delete")
-MIN_SCRUBBED = 3  # shorter "secrets" would garble every message they are scrubbed from
-RESERVED = re.compile(r"[:/?#\[\]@!$&'()*+,;=%\s]+")  # URL delimiters, and space
-USER_SCHEMES = ("amqp", "amqps", "redis", "rediss")  # userinfo: a user name, then a password
-# password=, sslpassword=, token=, auth_token=, secret=, ...: masked wherever they appear.
-SECRET_PARAM = re.compile(r"([?&;][^=&#]*(?:pass|pwd|token|secret)[^=&#]*=)([^&#]*)", re.I)
-INT_OPTIONS = (
-    "max_payload_bytes",
-    "queue_size",
-    "publish_batch",
-    "max_in_flight",
-    "ack_batch_size",
-    "sweep_batch",
-    "max_attempts",
-    "purge_batch",
-)
-TIME_OPTIONS = (
-    "tick_ms",
-    "ack_flush_ms",
-    "handoff_limit_s",
-    "sweeper_age_s",
-    "sweep_interval_s",
-    "backoff_base_s",
-    "backoff_cap_s",
-    "publish_timeout_s",
-    "retention_s",
-    "connect_timeout_s",
-)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Every tunable of an ``Outbox``; docs/models.md explains the defaults."""
-
-    max_payload_bytes: int = 1024 * 1024
-    # keep: mark rows sent and keep them for the reconciliation ledger; delete: remove them.
-    mark_mode: str = "keep"
-    # The fast path (relay.dispatcher).
-    # Messages the fast path holds in memory at once, wherever they wait (queued, waiting
-    # to retry, in flight, acked but not yet marked); past it, commits wait for the sweeper.
-    queue_size: int = 10_000
-    retry_delays_ms: tuple[float, ...] = RETRY_DELAYS_MS  # the attempts of one message
-    tick_ms: float = 5.0  # time wheel resolution
-    handoff_limit_s: float = 8.0  # older messages are left to the sweeper
-    sweeper_age_s: float = 10.0  # the sweeper takes pending rows older than this
-    publish_batch: int = 256  # messages handed to the broker adapter at once
-    max_in_flight: int = 2048  # messages published and not yet answered
-    ack_batch_size: int = 256  # acks marked by one statement at most
-    ack_flush_ms: float = 50.0  # an ack waits at most this long to be marked
-    # Re-read the rows (one SELECT per batch) before publishing: SQLAlchemy's
-    # after_commit also fires when PostgreSQL turned COMMIT into ROLLBACK (an error the
-    # app swallowed) or when the session joined an outer transaction that may still
-    # roll back. Off trusts after_commit: one statement less, phantoms possible then.
-    verify_commit: bool = True
-    # The sweeper (relay.sweeper), in the app (Outbox(sweeper=True)) and in `outbox relay`.
-    sweep_interval_s: float = 1.0
-    sweep_batch: int = 500  # rows claimed (and locked) by one sweep
-    max_attempts: int = 20  # sweeper attempts before a row is marked dead
-    backoff_base_s: float = 1.0  # first backoff; doubles per attempt, with jitter
-    backoff_cap_s: float = 300.0
-    publish_timeout_s: float = 10.0  # a sweep waits this long for the broker's answers
-    retention_s: float = 3 * 24 * 3600.0  # sent rows are kept this long (the ledger)
-    purge_batch: int = 1000  # sent rows deleted per retention statement
-    connect_timeout_s: float = CONNECT_TIMEOUT_S  # for the engine the outbox creates from a URL
-
-    def __post_init__(self) -> None:
-        for name in INT_OPTIONS:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
-        for name in TIME_OPTIONS:
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{name}: must be a positive number, got {value!r}")
-        if not isinstance(self.verify_commit, bool):
-            raise ConfigError("verify_commit: must be True or False")
-        if self.mark_mode not in MARK_MODES:
-            raise ConfigError(f"mark_mode: must be one of {', '.join(MARK_MODES)}")
-        delays = self.retry_delays_ms
-        if not delays or any(not isinstance(d, int | float) or d < 0 for d in delays):
-            raise ConfigError("retry_delays_ms: must be a non-empty sequence of delays >= 0")
-        object.__setattr__(self, "retry_delays_ms", tuple(delays))
-        if self.handoff_limit_s >= self.sweeper_age_s:
-            raise ConfigError(
-                "handoff_limit_s: must be below sweeper_age_s, or fast path and sweeper race"
-            )
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any]) -> Settings:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
-        return cls(**options)
-
-
-def url_of(engine: Engine) -> str:
-    """The engine's URL for output: password and password-like query parameters masked."""
-    return mask_url(engine.url.render_as_string(hide_password=True))
-
-
-def mask_url(url: object) -> str:
-    """The URL without its secrets, fit for logs, errors and reports.
-
-    Database URLs go through SQLAlchemy's own parser. Anything else (broker URLs, and
-    what SQLAlchemy cannot split unambiguously) loses its whole userinfo but an
-    AMQP/Redis user name: urlsplit, which the broker clients use, stops at a raw '/',
-    '?' or '#' in a password and would print the rest, and a NATS userinfo may be a
-    token. Secret query parameters (``password``, ``token``, ...) are masked either way.
-    """
-    text = str(url)
-    masked = _mask_db_url(text)
-    return _mask_query(masked if masked is not None else _mask_userinfo(text))
-
-
-def _mask_db_url(url: str) -> str | None:
-    if url.count("@") > 1:  # a raw '@' in the password: SQLAlchemy would split it there
-        return None
-    if url.partition("://")[0] in BROKER_SCHEMES:  # spares the dialect lookup (milliseconds)
-        return None
-    try:
-        parsed = make_url(url)
-        parsed.get_dialect()  # a database URL, not a broker's that happens to parse
-    except (ArgumentError, NoSuchModuleError, ValueError, ImportError):
-        return None
-    return parsed.render_as_string(hide_password=True)
-
-
-def _mask_userinfo(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")  # the last '@': the host cannot hold one
-    if not sep or not at:
-        return url
-    user, colon, _ = userinfo.partition(":")
-    if not colon and scheme in USER_SCHEMES:
-        return url  # a user name alone
-    kept = f"{user}:***" if colon and scheme in USER_SCHEMES else "***"
-    return f"{scheme}://{kept}@{host}"
-
-
-def _mask_query(url: str) -> str:
-    return SECRET_PARAM.sub(r"\1***", url)
-
-
-def secrets_of(url: str) -> list[str]:
-    """The secrets a URL holds, as written and percent-decoded, for scrubbing free text."""
-    scheme, _, rest = url.partition("://")
-    user, colon, password = rest.rpartition("@")[0].partition(":")
-    named = scheme in USER_SCHEMES or _mask_db_url(url) is not None  # a user, not a token
-    found = [password if colon else "" if named else user]
-    found += [m.group(2) for m in SECRET_PARAM.finditer(url)]
-    found += [unquote(s) for s in found]
-    # A driver that mis-parses a raw password echoes a piece of it (as a host name, say).
-    found += [piece for s in found for piece in RESERVED.split(s)]
-    return sorted({s for s in found if len(s) >= MIN_SCRUBBED}, key=len, reverse=True)
-
-
-def scrub(text: str, urls: Iterable[str | None]) -> str:
-    """``text`` with every secret of ``urls`` replaced, for messages written by others."""
-    for url in urls:
-        for secret in secrets_of(url) if url else ():
-            text = text.replace(secret, "***")
-    return text
 
 
 def engine_from(
