@@ -23,10 +23,13 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.exc import SQLAlchemyError
 
 from outbox.engines import check_broker_url
-from outbox.errors import OutboxError
+from outbox.errors import ConfigError, OutboxError
 from outbox.secrets import mask_url, scrub
+from outbox.settings import Settings
 from relay.cli import data, modelb, run, schema
-from relay.cli.common import EXIT_FAILED, EXIT_USAGE, UsageError, add_debug_flag
+from relay.cli.app import use_app
+from relay.cli.common import EXIT_FAILED, EXIT_USAGE, UsageError, add_debug_flag, from_environment
+from relay.cli.settings_flags import settings_from_args
 
 GROUPS = (schema, run, data, modelb)
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -69,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    try:
+        app = use_app(args)  # --app: its db, broker and settings where flags give none
+    except UsageError as exc:
+        return report_error(args.command, exc, [], args.debug)
+    from_environment(args)
     for flag in getattr(args, "needs", []):
         if getattr(args, flag) is None:
             env = f"OUTBOX_{flag.upper()}"
@@ -76,11 +84,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     urls = [getattr(args, name, None) for name in URL_FLAGS]
     setup_logging(urls)
     try:
+        args.settings = command_settings(args, app)
         if getattr(args, "broker", None):
             check_broker_url(args.broker)  # a bad broker URL fails before any DB work
         return COMMANDS[args.command](args)
     except Exception as exc:  # one line, whatever failed; --debug for the traceback
         return report_error(args.command, exc, urls, args.debug, getattr(args, "db", None))
+
+
+def command_settings(args: argparse.Namespace, app: Settings | None) -> Settings:
+    """The command's Settings from its flags, the app, the environment; a bad value is bad
+    usage (exit 2), named as outbox.settings names it."""
+    try:
+        return settings_from_args(args, app, f"--app {args.app}" if app is not None else "")
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def report_error(

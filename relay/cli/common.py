@@ -11,11 +11,12 @@ from sqlalchemy import Engine
 
 from outbox.engines import engine_from
 from outbox.errors import OutboxError
-from outbox.settings import CONNECT_TIMEOUT_S
+from relay.cli.settings_flags import add_settings_flags
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DEAD = 0, 1, 2, 3
 READ_TIMEOUT_S = 60.0  # a CLI read (status, requeue, drain's count) waits this long at most
 T = TypeVar("T")
+URL_ENV = ("db", "broker")  # flags whose default is $OUTBOX_<FLAG>
 # A command's parsers come from one function per command: add_<command>(commands).
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -60,19 +61,8 @@ def add_debug_flag(parser: argparse.ArgumentParser, default: object = argparse.S
 
 def add_db_flag(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """--db (and its connect timeout); ``required``: main() insists on it (or OUTBOX_DB)."""
-    parser.add_argument(
-        "--db",
-        default=os.environ.get("OUTBOX_DB"),
-        help="SQLAlchemy database URL (default: $OUTBOX_DB)",
-    )
-    parser.add_argument(
-        "--connect-timeout",
-        type=positive_float,
-        default=os.environ.get("OUTBOX_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S),
-        metavar="SECONDS",
-        help="give up connecting to the database after this long "
-        f"(default: $OUTBOX_CONNECT_TIMEOUT or {CONNECT_TIMEOUT_S:.0f})",
-    )
+    parser.add_argument("--db", help="SQLAlchemy database URL (default: $OUTBOX_DB)")
+    add_settings_flags(parser, ["connect_timeout_s"])  # --connect-timeout(-s), from Settings
     add_debug_flag(parser)
     if required:
         needs(parser, "db")
@@ -81,11 +71,17 @@ def add_db_flag(parser: argparse.ArgumentParser, required: bool = True) -> None:
 def add_broker_flag(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument(
         "--broker",
-        default=os.environ.get("OUTBOX_BROKER"),
         help="broker URL, e.g. nats://127.0.0.1:4222 (default: $OUTBOX_BROKER)",
     )
     if required:
         needs(parser, "broker")
+
+
+def from_environment(args: argparse.Namespace) -> None:
+    """--db and --broker not given (nor taken from --app): OUTBOX_DB and OUTBOX_BROKER."""
+    for flag in URL_ENV:
+        if hasattr(args, flag) and getattr(args, flag) is None:
+            setattr(args, flag, os.environ.get(f"OUTBOX_{flag.upper()}"))
 
 
 def needs(parser: argparse.ArgumentParser, flag: str) -> None:
@@ -95,7 +91,8 @@ def needs(parser: argparse.ArgumentParser, flag: str) -> None:
 
 def database(args: argparse.Namespace, reads: bool = False) -> Engine:
     """The engine for --db, with the command line's timeouts (reads bounded when asked)."""
-    return engine_from(args.db, args.connect_timeout, READ_TIMEOUT_S if reads else None)
+    timeout = args.settings.connect_timeout_s  # resolved by main(): flag, app, env, default
+    return engine_from(args.db, timeout, READ_TIMEOUT_S if reads else None)
 
 
 def required(value: T | None, flag: str, purpose: str) -> T:

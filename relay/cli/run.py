@@ -18,9 +18,9 @@ from sqlalchemy import Engine
 from outbox import migrate
 from outbox.errors import OutboxError
 from outbox.secrets import mask_url
-from outbox.settings import Settings
 from relay import store
 from relay.brokers import broker_for
+from relay.cli.app import add_app_flag
 from relay.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -30,6 +30,7 @@ from relay.cli.common import (
     database,
     positive_int,
 )
+from relay.cli.settings_flags import add_settings_flags
 from relay.cli.stopping import STOP_SIGNALS, StopSignals, exit_status, signals_blocked
 from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper, SweepResult
@@ -57,13 +58,9 @@ def add_relay(commands: Commands) -> None:
     rel.add_argument(
         "--concurrency", type=positive_int, default=1, help="sweeps side by side (default 1)"
     )
-    rel.add_argument(
-        "--interval", type=float, default=1.0, help="seconds between sweeps (default 1)"
-    )
-    rel.add_argument(
-        "--retention-days", type=float, default=3.0, help="keep sent rows this long (default 3)"
-    )
     add_stop_timeout_flag(rel)
+    add_app_flag(rel)
+    add_settings_flags(rel)  # every Settings field: --sweep-interval-s (--interval), ...
     rel.add_argument(
         "--metrics-port",
         type=int,
@@ -93,6 +90,8 @@ def add_drain(commands: Commands) -> None:
         "--concurrency", type=positive_int, default=2, help="sweeps side by side (default 2)"
     )
     add_stop_timeout_flag(drn)
+    add_app_flag(drn)
+    add_settings_flags(drn)
 
 
 def add_stop_timeout_flag(parser: argparse.ArgumentParser) -> None:
@@ -107,7 +106,7 @@ def add_stop_timeout_flag(parser: argparse.ArgumentParser) -> None:
 
 def cmd_relay(args: argparse.Namespace) -> int:
     defer_stop_signals()
-    settings = Settings(sweep_interval_s=args.interval, retention_s=args.retention_days * 86400)
+    settings = args.settings  # flags, --app, OUTBOX_<FIELD>, defaults (relay.cli.settings_flags)
     engine = database(args)
     migrate.require_schema(engine)
     relay = BrokerLoop(broker_for(args.broker), name="outbox-worker")
@@ -196,7 +195,7 @@ def drain(args: argparse.Namespace, stop: StopSignals) -> int:
             if stop.received:
                 return report_drain(SweepResult(), total, 0.0, stop.received)
             raise OutboxError(f"broker {mask_url(args.broker)} unreachable; nothing was touched")
-    sweeper = Sweeper(engine, relay, Settings())
+    sweeper = Sweeper(engine, relay, args.settings)
     progress = Progress(total) if sys.stderr.isatty() else None
     started = time.monotonic()
     work = Background(lambda: drain_passes(sweeper, args.concurrency, progress))

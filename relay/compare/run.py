@@ -49,6 +49,7 @@ from sqlalchemy.orm import Session
 
 from outbox import Outbox
 from outbox.engines import engine_from, with_query
+from outbox.settings import Settings, environment_of
 from outbox.table import DEAD, outbox_message, transaction_record
 from relay.brokers.nats import create_stream, read_stream
 from relay.compare.workload import FAULTS, POISON, Workload, business, orders, place_order
@@ -370,7 +371,7 @@ class ModelA(Run):
 
     def start_parts(self) -> None:
         if "pause" in self.w.faults:
-            self.worker = start_worker(self.db, self.broker)
+            self.worker = start_worker(self.db, self.broker, self.ob.settings)
         self.ob.start()
 
     def stop_parts(self) -> None:
@@ -444,10 +445,12 @@ class Rejected(Exception):
     """The workload's rollback: an exception inside the transaction, as a handler raises."""
 
 
-def start_worker(db: str, broker: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "OUTBOX_DB": db, "OUTBOX_BROKER": broker}
+def start_worker(db: str, broker: str, settings: Settings) -> subprocess.Popen[bytes]:
+    """An `outbox relay` worker with the app's settings (OUTBOX_<FIELD>, as a deployment
+    shares them), so that its sweeper age and backoff are the app's."""
+    env = {**os.environ, **environment_of(settings), "OUTBOX_DB": db, "OUTBOX_BROKER": broker}
     cmd = [sys.executable, "-c", "from relay.cli import main; raise SystemExit(main())"]
-    cmd += ["relay", "--interval", "0.5"]
+    cmd += ["relay"]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -1,0 +1,83 @@
+"""``--app module:attr``: a worker takes the database, broker and settings of the app's
+own ``Outbox``, so that app and workers cannot disagree (as procrastinate's ``--app``).
+
+``attr`` names an ``Outbox``, or a callable that returns one when called without
+arguments; a dotted ``attr`` reaches into the module (``myshop.app:services.outbox``).
+The current directory is searched first, as ``python -m`` does. Flags still win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from outbox import Outbox
+from outbox.settings import Settings
+from relay.cli.common import UsageError
+
+FLAG = "--app"
+
+
+def add_app_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        FLAG,
+        metavar="MODULE:ATTR",
+        help="take --db, --broker and every setting from the app's own Outbox (an Outbox, "
+        "or a callable returning one), e.g. myshop.outbox:ob; flags still win",
+    )
+
+
+def use_app(args: argparse.Namespace) -> Settings | None:
+    """With --app: fill --db and --broker where not given, and return the app's settings."""
+    spec = getattr(args, "app", None)
+    if spec is None:
+        return None
+    ob = load_app(spec)
+    if args.db is None:
+        args.db = ob.engine.url.render_as_string(hide_password=False)
+    if args.broker is None:
+        args.broker = ob.broker_url
+    return ob.settings
+
+
+def load_app(spec: str) -> Outbox:
+    """The Outbox ``spec`` (``module:attr``) names; a UsageError naming --app otherwise."""
+    module_name, colon, path = spec.partition(":")
+    if not (colon and module_name and path):
+        raise UsageError(f"{FLAG}: {spec!r} must be MODULE:ATTR, e.g. myshop.outbox:ob")
+    found: object = import_app_module(module_name)
+    for attr in path.split("."):
+        if not hasattr(found, attr):
+            raise UsageError(f"{FLAG}: module {module_name!r} has no attribute {path!r}")
+        found = getattr(found, attr)
+    if not isinstance(found, Outbox) and callable(found):
+        try:
+            found = found()
+        except Exception as exc:  # the app's own factory failed: say so, in one line
+            raise UsageError(f"{FLAG}: calling {spec!r} failed: {describe(exc)}") from exc
+    if not isinstance(found, Outbox):
+        raise UsageError(
+            f"{FLAG}: {spec!r} is a {type(found).__name__}, not an Outbox "
+            "(or a callable returning one)"
+        )
+    return found
+
+
+def import_app_module(name: str) -> object:
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
+            raise UsageError(f"{FLAG}: no module named {name!r}") from None
+        raise UsageError(f"{FLAG}: importing {name!r} failed: {describe(exc)}") from exc
+    except Exception as exc:  # the module's own code failed
+        raise UsageError(f"{FLAG}: importing {name!r} failed: {describe(exc)}") from exc
+
+
+def describe(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {' '.join(lines[0].split()) if lines else ''}"

@@ -1,0 +1,111 @@
+"""The flags of ``outbox relay`` / ``outbox drain``, generated from the Settings fields.
+
+A field's name, type, default and help text are written once, in outbox.settings; here
+they become ``--<field>`` flags (plus the older spellings the field lists, such as
+``--interval``). A flag holds text until ``settings_from_args`` hands it, with the
+environment, to the one validation (outbox.settings.check). Precedence: flag, then the
+app's settings (``--app``), then ``OUTBOX_<FIELD>``, then the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable, Mapping
+from dataclasses import Field, fields
+from typing import Any
+
+from outbox.errors import ConfigError
+from outbox.settings import (
+    Settings,
+    Source,
+    as_text,
+    env_names,
+    environment,
+    flag_names,
+    problem,
+    settings_from,
+    type_of,
+)
+
+# Older flags in another unit than their field: flag -> (field, how many field units one is).
+SCALED = {"--retention-days": ("retention_s", 86400.0)}
+
+
+def metavar(f: Field[Any]) -> str:
+    kind = type_of(f)
+    if kind == "bool":
+        return "true|false"
+    if kind.startswith("tuple"):
+        return "MS,MS,..."
+    if kind == "str":
+        return "WORD"
+    if f.name.endswith("_ms"):
+        return "MS"
+    if f.name.endswith("_s"):
+        return "SECONDS"
+    return "N"
+
+
+def add_settings_flags(parser: argparse.ArgumentParser, names: Iterable[str] | None = None) -> None:
+    """A flag per Settings field (``names`` only, if given) that ``parser`` lacks yet."""
+    offered = list(parser.get_default("settings_fields") or [])
+    group = parser.add_argument_group(
+        "settings",
+        "one flag per field of outbox.settings.Settings (docs/configuration.md); "
+        "a flag wins over --app, $OUTBOX_<FIELD> and the default",
+    )
+    wanted = None if names is None else set(names)
+    for f in fields(Settings):
+        if f.name in offered or (wanted is not None and f.name not in wanted):
+            continue
+        env = " or ".join(f"${name}" for name in env_names(f))
+        group.add_argument(
+            *flag_names(f),
+            dest=f.name,
+            metavar=metavar(f),
+            help=f"{f.metadata['help']} (default: {env} or {as_text(f.default)})",
+        )
+        offered.append(f.name)
+        for flag, (name, _) in SCALED.items():
+            if name == f.name:
+                help = f"{flag_names(f)[0]} in days (an older spelling)"
+                group.add_argument(flag, dest=dest_of(flag), metavar="DAYS", help=help)
+    parser.set_defaults(settings_fields=offered)
+
+
+def dest_of(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def settings_from_args(
+    args: argparse.Namespace, app: Settings | None = None, app_source: str = "--app",
+    environ: Mapping[str, str] | None = None,
+) -> Settings:  # fmt: skip
+    """The command's Settings: its flags win, then ``app``'s settings (``--app``), then
+    the environment, then the defaults. Only the fields the command has flags for are
+    read (``outbox status`` takes its connect timeout, not the sweeper's age)."""
+    offered = set(getattr(args, "settings_fields", ()))
+    flags: dict[str, Source] = {}
+    for f in fields(Settings):
+        if f.name in offered and getattr(args, f.name, None) is not None:
+            flags[f.name] = (getattr(args, f.name), " / ".join(flag_names(f)))
+    for flag, (name, unit) in SCALED.items():
+        text = getattr(args, dest_of(flag), None)
+        if text is not None and name in offered:
+            if name in flags:
+                raise ConfigError(f"{name}: give {flag} or {flags[name][1]}, not both")
+            flags[name] = (scaled(name, flag, text, unit), flag)
+    base = (
+        {}
+        if app is None
+        else {f.name: (getattr(app, f.name), app_source) for f in fields(Settings)}
+    )
+    env = {name: given for name, given in environment(environ).items() if name in offered}
+    return settings_from(flags, base, env)
+
+
+def scaled(name: str, flag: str, text: str, unit: float) -> float:
+    try:
+        return float(text) * unit
+    except ValueError:
+        raise problem(name, flag, "must be a positive number", text) from None
