@@ -59,7 +59,7 @@ def load_app(spec: str) -> Outbox:
             raise UsageError(f"{FLAG}: calling {spec!r} failed: {describe(exc)}") from exc
     if not isinstance(found, Outbox):
         raise UsageError(
-            f"{FLAG}: {spec!r} is a {type(found).__name__}, not an Outbox "
+            f"{FLAG}: {spec!r} is of type {type(found).__name__}, not an Outbox "
             "(or a callable returning one)"
         )
     return found

@@ -35,16 +35,6 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text!r}")
-    return value
-
-
 def msg_id(text: str) -> str:
     try:
         return str(uuid.UUID(text))
