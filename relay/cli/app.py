@@ -38,6 +38,11 @@ def use_app(args: argparse.Namespace) -> Settings | None:
     if args.db is None:
         args.db = ob.engine.url.render_as_string(hide_password=False)
     if args.broker is None:
+        if ob.broker_url is None and ob.broker is not None:  # an object lives in its process
+            raise UsageError(
+                f"{FLAG}: the app's Outbox has a {type(ob.broker).__name__} object, not a "
+                "broker URL, to hand to a worker: give --broker URL"
+            )
         args.broker = ob.broker_url
     return ob.settings
 

@@ -167,6 +167,9 @@ ob = Outbox("sqlite:///{db}", broker="redis://127.0.0.1:1/0", sweeper_age_s=4,
 def make():
     return ob
 not_an_outbox = 42
+def in_memory():
+    from relay.testing import MemoryBroker
+    return Outbox("sqlite:///{db}", broker=MemoryBroker())
 """
 
 
@@ -206,6 +209,7 @@ def test_app_comes_before_the_environment(app_module: str, monkeypatch: pytest.M
         ("{app}:missing", "--app: module '{app}' has no attribute 'missing'"),
         ("{app}:not_an_outbox", "--app: '{app}:not_an_outbox' is of type int, not an Outbox"),
         ("{app}", "--app: '{app}' must be MODULE:ATTR"),
+        ("{app}:in_memory", "--app: the app's Outbox has a MemoryBroker object, not a broker URL"),
     ],
 )
 def test_a_bad_app_names_the_flag(
