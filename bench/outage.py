@@ -68,7 +68,7 @@ class Sampler:
 
     def _sample(self) -> None:
         self.rss_peak = max(self.rss_peak, rss_bytes())
-        dispatcher, _ = self.ob.relay_parts()
+        dispatcher = self.ob.relay.dispatcher if self.ob.relay is not None else None
         if dispatcher is not None:
             self.held_max = max(self.held_max, dispatcher.held())
 

@@ -42,11 +42,8 @@ if TYPE_CHECKING:  # types only: the relay itself is imported by start(), asynci
         async_sessionmaker,
     )
 
-    from relay.dispatcher import Dispatcher
-    from relay.listener import Listeners, RelayListener
-    from relay.loop import BrokerLoop
-    from relay.stats import Stats
-    from relay.worker import RelayJobs
+    from relay.listener import RelayListener
+    from relay.runtime import Relay, Stats
 
     AnySession = (
         Session | scoped_session[Session] | AsyncSession | async_scoped_session[AsyncSession]
@@ -119,13 +116,9 @@ class Outbox:
             "outbox_async_session", default=None
         )
         self.sweeper = sweeper
-        self._dispatcher: Dispatcher | None = None
-        self._jobs: RelayJobs | None = None
-        self._relay: BrokerLoop | None = None
+        self._relay: Relay | None = None  # the last one started (kept after stop: its stats)
         self._count_lock = threading.Lock()
-        self._stats: Stats | None = None
         self._listeners: tuple[RelayListener, ...] = () if listener is None else (listener,)
-        self._hooks: Listeners | None = None  # the running relay's, which it calls
         self.committed = 0  # messages whose transaction committed, seen by this process
         self.handed_off = 0  # of those, taken by the in-process relay
         self._start_lock = threading.Lock()
@@ -262,18 +255,21 @@ class Outbox:
         """Call ``listener``'s hooks too, from the next event on (also while running)."""
         with self._count_lock:
             self._listeners = (*self._listeners, listener)
-            hooks = self._hooks
-        if hooks is not None:
-            hooks.add(listener)
+            relay = self._relay
+        if relay is not None:
+            relay.add_listener(listener)
 
-    def relay_parts(self) -> tuple[Dispatcher | None, RelayJobs | None]:
-        """The running fast path and sweeper jobs (None when stopped), for metrics."""
-        return self._dispatcher, self._jobs
+    @property
+    def relay(self) -> Relay | None:
+        """The in-process ``relay.runtime.Relay`` last started (None before start()): its
+        ``running``, ``dispatcher`` and ``jobs`` are what metrics read."""
+        return self._relay
 
     @property
     def stats(self) -> Stats | None:
         """Counters of the in-process relay (kept after stop), or None before start."""
-        return self._stats
+        relay = self._relay
+        return None if relay is None else relay.stats
 
     def start(self) -> None:
         """Start the in-process relay: committed messages are published from memory.
@@ -287,19 +283,19 @@ class Outbox:
                 "broker: start() needs a broker URL, e.g. nats://127.0.0.1:4222, or a Broker"
             )
         with self._start_lock:  # send() in a forked child may race another thread's start()
-            if self._dispatcher is None:
-                self._start()
+            if self._relay is None or not self._relay.running:
+                self._start(self.broker)
             self._start_in_child = False  # only once started: a failed start is tried again
 
-    def _start(self) -> None:
-        from relay.runtime import start_relay  # the app's one import of the relay layer
+    def _start(self, broker: str | Broker) -> None:
+        from relay.runtime import Relay  # the app's one import of the relay layer
 
-        self._relay, self._dispatcher, self._jobs = start_relay(self)
-        self._stats = self._dispatcher.stats
+        relay = Relay(self.engine, broker, self.settings, self._listeners, sweeper=self.sweeper)
+        relay.start()
         with self._count_lock:
-            self._hooks = self._dispatcher.listeners  # one added meanwhile is missed: add it now
-            for listener in self._listeners:
-                self._hooks.add(listener)
+            self._relay = relay
+            for listener in self._listeners:  # one added meanwhile is missed: add it now
+                relay.add_listener(listener)
 
     def _start_after_fork(self) -> None:
         try:
@@ -314,10 +310,12 @@ class Outbox:
         self._count_lock, self._start_lock = threading.Lock(), threading.Lock()
         for engine in self._engines():  # the app's too: the relay or its sessions use them
             forks.fresh_pool(engine)
-        forks.abandon(self._relay, self._dispatcher, self._jobs)
-        self._start_in_child = self._start_in_child or self._dispatcher is not None
+        forks.abandon(self._relay)
+        self._start_in_child = self._start_in_child or (
+            self._relay is not None and self._relay.running
+        )
         self._start_retry_at = 0.0
-        self._relay = self._dispatcher = self._jobs = self._hooks = self._stats = None
+        self._relay = None
         self.committed = self.handed_off = 0
 
     def _engines(self) -> set[Engine]:
@@ -342,15 +340,8 @@ class Outbox:
         child it stops the child's own relay and connections, never the parent's.
         """
         self._start_in_child = False
-        deadline = time.monotonic() + timeout
-        dispatcher, jobs, relay = self._dispatcher, self._jobs, self._relay
-        self._dispatcher = self._jobs = self._relay = None
-        if dispatcher is not None:
-            dispatcher.stop(timeout)
-        if jobs is not None:
-            jobs.stop(max(0.0, deadline - time.monotonic()))
-        if relay is not None:
-            relay.stop(max(0.0, deadline - time.monotonic()))
+        if self._relay is not None:
+            self._relay.stop(timeout)  # a second stop() does nothing
         if self._owns_engine:
             self.engine.dispose()
 
@@ -361,8 +352,8 @@ class Outbox:
             await self._async_engine.dispose()
 
     def _on_commit(self, messages: list[Message], certain: bool) -> None:
-        dispatcher = self._dispatcher
-        taken = dispatcher.submit(messages, check=not certain) if dispatcher is not None else 0
+        relay = self._relay
+        taken = relay.submit(messages, check=not certain) if relay is not None else 0
         with self._count_lock:
             self.committed += len(messages)
             self.handed_off += taken

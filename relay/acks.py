@@ -18,6 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from relay import store
 from relay.listener import Listeners, Sent
+from relay.part import Lifecycle
 from relay.stats import Slots, Stats
 
 log = logging.getLogger("relay.acks")
@@ -61,8 +62,11 @@ def sql_verifier(engine: Engine) -> Verify:
     return verify
 
 
-class AckBatcher:
+class AckBatcher(Lifecycle):
     """Collects acks from the relay loop; one thread of its own waits, batches and writes them.
+
+    Made on the loop by the dispatcher, which starts it and, at its own stop, closes it
+    from the loop (``close``: no wait) and then stops it from its caller's thread.
 
     Each ack's message still holds its fast-path slot (``slots``) until its batch is
     marked or given up to the sweeper: then the thread frees the batch's slots.
@@ -82,6 +86,7 @@ class AckBatcher:
         listeners: Listeners | None = None,
         slots: Slots | None = None,
     ) -> None:
+        super().__init__()
         self._finish = finish
         self._slots = slots
         self.stats = stats
@@ -98,6 +103,8 @@ class AckBatcher:
         self._loop = asyncio.get_running_loop()  # made on the loop, by the dispatcher
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="outbox-acks", daemon=True)
+
+    def _start(self) -> None:
         self._thread.start()
 
     def add(self, msg_id: str, receipt: str, topic: str, latency_s: float | None) -> bool:
@@ -125,14 +132,17 @@ class AckBatcher:
         await idle
 
     def close(self) -> None:
-        """Never blocks the loop: a write still running finishes on its own thread."""
+        """Take no more acks; never blocks the loop: a write still running finishes on
+        its own thread, which then ends (``stop`` waits for that)."""
         with self._cond:
             self._closing = True
             self._cond.notify()
 
-    def join(self, timeout: float) -> None:
-        """Wait (off the loop) for the thread to end after ``close``."""
+    def _stop(self, timeout: float) -> bool:
+        """Close, and wait (off the loop) up to ``timeout`` for the thread to end."""
+        self.close()
         self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while (batch := self._next_batch()) is not None:

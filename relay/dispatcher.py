@@ -28,10 +28,10 @@ from outbox.settings import Settings
 from outbox.tracing import publish_span
 from relay.acks import AckBatcher, Finish, Verify
 from relay.batches import BatchReport
-from relay.brokers import Broker
 from relay.brokers.base import publish_isolated
 from relay.listener import Failed, Listeners, RelayListener
 from relay.loop import BrokerLoop
+from relay.part import START_TIMEOUT_S, Lifecycle
 from relay.stats import Slots, Stats
 from relay.timewheel import TimeWheel
 
@@ -46,19 +46,22 @@ class Delivery:
     check: bool = True  # re-read the row before publishing
 
 
-class Dispatcher:
+class Dispatcher(Lifecycle):
+    """The fast path: publishes through ``broker_loop``, which its owner (the Relay)
+    starts before and stops after it; ``finish`` marks acked rows."""
+
     def __init__(
         self,
-        broker: Broker | BrokerLoop,
+        broker_loop: BrokerLoop,
         finish: Finish,
         settings: Settings | None = None,
         clock: Callable[[], float] = time.monotonic,
         verify: Verify | None = None,
         listener: RelayListener | None = None,
     ) -> None:
-        self._owns_loop = not isinstance(broker, BrokerLoop)
-        self.relay = broker if isinstance(broker, BrokerLoop) else BrokerLoop(broker)
-        self.broker = self.relay.broker
+        super().__init__()
+        self.broker_loop = broker_loop
+        self.broker = broker_loop.broker
         self.settings = settings or Settings()
         self.stats = Stats()
         self._slots = Slots(self.settings.queue_size, self.stats)
@@ -78,7 +81,7 @@ class Dispatcher:
         """Queue committed messages for publishing; returns how many were taken.
 
         Never blocks: a message not taken (the fast path holds ``queue_size`` messages
-        already, relay stopped) is still in the table and the sweeper will publish it.
+        already, fast path stopped) is still in the table and the sweeper will publish it.
         ``check``: re-read the rows before publishing (the commit could not be proven
         by the app side).
         """
@@ -103,37 +106,34 @@ class Dispatcher:
             loop.call_soon_threadsafe(self._take_inbox)
         return taken
 
-    def start(self, timeout: float = 10.0) -> None:
-        if self._loop is not None:
-            return
-        self.relay.start(timeout)
-        self.relay.submit(self._setup()).result(timeout)
+    def _start(self) -> None:
+        """Set up on the broker loop (started already: the owner's job)."""
+        assert self.broker_loop.running, "start the BrokerLoop before its Dispatcher"
+        self.broker_loop.submit(self._setup()).result(START_TIMEOUT_S)
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def _stop(self, timeout: float) -> bool:
         """Take no new work, finish in-flight publishes and acks within ``timeout``.
 
         What is still queued or waiting for a retry stays in the table for the sweeper.
         """
-        if self._loop is None:
-            return
         with self._count_lock:
             self._accepting = False
         deadline = time.monotonic() + timeout
+        finished = False
         try:
-            self.relay.submit(self._shutdown(deadline)).result(timeout + 1.0)
+            finished = self.broker_loop.submit(self._shutdown(deadline)).result(timeout + 1.0)
         except (TimeoutError, RuntimeError):
-            log.warning("stop: the relay loop did not answer in time")
-        self._acks.close()  # done by _shutdown already unless the loop did not answer
-        self._acks.join(max(0.0, deadline - time.monotonic()))
+            log.warning("stop: the broker loop did not answer in time")
+        # The acks were closed by _shutdown already, unless the loop did not answer.
+        acks_ended = self._acks.stop(max(0.0, deadline - time.monotonic()))
         if left := [d.message.msg_id for d in self._take_inbox_now()]:  # the loop did not answer
             self._slots.free(len(left))
             self.stats.dropped_at_stop += len(left)
             self.listeners.left_for_sweeper(left, "stopped")
         self._loop = None
-        if self._owns_loop:
-            self.relay.stop(max(0.0, deadline - time.monotonic()))
+        return finished and acks_ended
 
-    # -- on the relay loop -----------------------------------------------------------
+    # -- on the broker loop ----------------------------------------------------------
 
     async def _setup(self) -> None:
         self._queue: collections.deque[Delivery] = collections.deque()
@@ -153,6 +153,7 @@ class Dispatcher:
             self.listeners,
             self._slots,
         )
+        self._acks.start()
         self._verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-verify")
         self._ticker = asyncio.create_task(self._tick())
         self._loop = asyncio.get_running_loop()
@@ -335,17 +336,20 @@ class Dispatcher:
                 self._queue.extend(due)
                 self._dispatch()
 
-    async def _shutdown(self, deadline: float) -> None:
+    async def _shutdown(self, deadline: float) -> bool:
+        """True when the publishes and acks in flight finished before ``deadline``."""
         self._stopping = True
         left = [*self._take_inbox_now(), *self._queue, *self._wheel.clear()]
         self._queue.clear()
         self._stopped(left)
         try:
             await asyncio.wait_for(self._finish_in_flight(), max(0.0, deadline - time.monotonic()))
+            return True
         except TimeoutError:
             log.warning(
                 "stop: deadline reached with publishes or acks unfinished; the sweeper will resend"
             )
+            return False
         finally:
             self._ticker.cancel()
             self._acks.close()

@@ -16,6 +16,7 @@ from collections.abc import Coroutine
 from typing import Any, Protocol, TypeVar
 
 from relay.brokers import Broker
+from relay.part import START_TIMEOUT_S, Lifecycle
 
 log = logging.getLogger("relay.loop")
 
@@ -30,10 +31,15 @@ class Connection(Protocol):
     async def close(self) -> None: ...
 
 
-class ConnectionLoop:
-    """The thread, the loop and the background (re)connect for any ``Connection``."""
+class ConnectionLoop(Lifecycle):
+    """The thread, the loop and the background (re)connect for any ``Connection``.
+
+    ``start()`` returns once the loop runs (the connection comes up in the background);
+    ``stop(timeout)`` closes the connection and ends the thread (relay.part's contract).
+    """
 
     def __init__(self, connection: Connection, name: str) -> None:
+        super().__init__()
         self.connection = connection
         self.name = name
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -42,38 +48,33 @@ class ConnectionLoop:
         self._connected = threading.Event()
         self._done: asyncio.Event | None = None
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self, timeout: float = 10.0) -> None:
-        if self._thread is not None:
-            return
+    def _start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
-        if not self._ready.wait(timeout):
-            raise TimeoutError(f"{self.name}: loop did not start within {timeout} s")
+        if not self._ready.wait(START_TIMEOUT_S):
+            raise TimeoutError(f"{self.name}: loop did not start within {START_TIMEOUT_S} s")
 
     def wait_connected(self, timeout: float) -> bool:
         """True once the first connection is up (the adapter reconnects by itself after)."""
         return self._connected.wait(timeout)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Run ``coro`` on the loop from any thread."""
+        """Run ``coro`` on the loop from any thread (a RuntimeError once it has closed)."""
         assert self.loop is not None, "start() first"
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Close the broker connection and end the thread (within ``timeout``)."""
+    def _stop(self, timeout: float) -> bool:
+        """Close the broker connection and end the thread (within ``timeout``, plus a
+        second for the close: a stop with no time left still says goodbye)."""
         thread, loop, done = self._thread, self.loop, self._done
-        if thread is None or loop is None or done is None:
-            return
+        assert thread is not None and loop is not None and done is not None, "started"
         deadline = time.monotonic() + timeout
         loop.call_soon_threadsafe(done.set)
         thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
         if thread.is_alive():
             log.warning("%s: thread still running after stop", self.name)
-        self._thread = None
+            return False
+        return True
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 from prometheus_client.core import (
@@ -41,10 +41,25 @@ if TYPE_CHECKING:
     from outbox.api import Outbox
     from relay.dispatcher import Dispatcher
     from relay.sweeper import SweepResult
-    from relay.worker import RelayJobs
+    from relay.sweeper_jobs import SweeperJobs
 
-Parts = Callable[[], "tuple[Dispatcher | None, RelayJobs | None]"]
 LEFT_REASONS = ("queue_full", "exhausted", "too_old", "rejected", "mark_failed", "stopped")
+
+
+class Watched(Protocol):
+    """What the metrics read of a relay (relay.runtime.Relay; named here, not imported,
+    as the Relay imports this module for its metrics duty)."""
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def dispatcher(self) -> Dispatcher | None: ...
+
+    @property
+    def jobs(self) -> SweeperJobs | None: ...
+
+    def add_listener(self, listener: RelayListener) -> None: ...
 
 
 class RelayCounts(RelayListener):
@@ -96,14 +111,18 @@ class RelayCounts(RelayListener):
 
 
 class OutboxCollector(Collector):
-    """Families for the parts running now: the fast path's only while it runs."""
+    """Families for the duties of the relay running now: the fast path's only while it
+    runs. ``current`` gives that relay (None when there is none)."""
 
-    def __init__(self, parts: Parts, counts: RelayCounts) -> None:
-        self.parts = parts
+    def __init__(self, current: Callable[[], Watched | None], counts: RelayCounts) -> None:
+        self.current = current
         self.counts = counts
 
     def collect(self) -> list[Metric]:
-        dispatcher, jobs = self.parts()
+        relay = self.current()
+        running = relay is not None and relay.running
+        dispatcher = relay.dispatcher if relay is not None and running else None
+        jobs = relay.jobs if relay is not None and running else None
         with self.counts.lock:  # one consistent view of the counters
             families = [*self.totals(dispatcher is not None, jobs is not None)]
             if dispatcher is not None:
@@ -175,25 +194,20 @@ def register(ob: Outbox, registry: CollectorRegistry = REGISTRY) -> OutboxCollec
     """Expose ``ob``'s relay in ``registry`` (it follows ob.start()/stop())."""
     counts = RelayCounts()
     ob.add_listener(counts)
-    collector = OutboxCollector(ob.relay_parts, counts)
+    collector = OutboxCollector(lambda: ob.relay, counts)
     registry.register(collector)
     return collector
 
 
-def serve(parts: Parts, port: int, addr: str = "0.0.0.0") -> Any:
-    """Serve /metrics for a worker on ``port``; returns the server (it runs in a thread).
+def serve(relay: Watched, port: int, addr: str = "0.0.0.0") -> Any:
+    """Serve /metrics of ``relay`` on ``port``; returns the server (it runs in a thread).
 
-    Counts what the parts built by now do from now on: call it before they start work.
+    Counts what the relay does from now on: call it before it starts work (a Relay with
+    ``metrics_port`` does).
     """
+    counts = RelayCounts()
+    relay.add_listener(counts)
     registry = CollectorRegistry()
-    registry.register(OutboxCollector(parts, listening_to(parts)))
+    registry.register(OutboxCollector(lambda: relay, counts))
     server, _ = start_http_server(port, addr=addr, registry=registry)
     return server
-
-
-def listening_to(parts: Parts) -> RelayCounts:
-    counts = RelayCounts()
-    for part in parts():
-        if part is not None:
-            part.listeners.add(counts)  # once: an outbox's parts share one Listeners
-    return counts

@@ -1,44 +1,171 @@
-"""The relay's entry point for an app: ``Outbox.start()`` calls ``start_relay`` (the one
-place where the app layer imports the relay)."""
+"""``Relay``: the one object that owns a running relay and its parts.
+
+``Outbox.start()`` (the one place where the app layer imports the relay), ``outbox
+relay``, ``outbox drain`` and, through those two, ``outbox compare`` build one; no
+other code assembles the parts. A Relay starts its parts in order and stops them in
+the reverse order, within one deadline:
+
+- the metrics server, first up and last down (it only reads the others);
+- ``BrokerLoop`` (relay.loop): the thread that owns the broker connection; the fast
+  path and the sweeper publish through it, so it starts first and stops last;
+- ``Dispatcher`` (relay.dispatcher), the fast path, with its ``AckBatcher``;
+- ``Sweeper`` (relay.sweeper) and ``SweeperJobs`` (relay.sweeper_jobs), which call it
+  on a schedule (the sweeper duty) with the retention purge.
+
+Every part, and the Relay, keeps relay.part's contract: ``start()``, ``stop(timeout)
+-> bool``, both idempotent and safe from any thread.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
 
+from sqlalchemy import Engine
+
+from outbox.broker import Broker
+from outbox.errors import OutboxError
+from outbox.message import Message
+from outbox.settings import Settings
 from relay.acks import sql_finisher, sql_verifier
-from relay.brokers import Broker, broker_for
+from relay.brokers import broker_for
 from relay.dispatcher import Dispatcher
-from relay.listener import Listeners
+from relay.listener import Listeners, RelayListener
 from relay.loop import BrokerLoop
-from relay.worker import RelayJobs
+from relay.part import Lifecycle, Part
+from relay.stats import Stats
+from relay.sweeper import Sweeper
+from relay.sweeper_jobs import SweeperJobs
 
-if TYPE_CHECKING:
-    from outbox.api import Outbox
+__all__ = ["Relay", "Stats"]
+
+log = logging.getLogger("relay.runtime")
 
 
-def start_relay(
-    outbox: Outbox, broker: Broker | None = None
-) -> tuple[BrokerLoop, Dispatcher, RelayJobs | None]:
-    """Start ``outbox``'s in-process relay: the broker loop, the fast path and (when the
-    outbox asks for it) the sweeper jobs. ``broker`` defaults to the outbox's own: its
-    Broker object, or a new adapter for its URL."""
-    if broker is None:
-        given = outbox.broker
-        assert given is not None, "Outbox.start() checks the broker first"
-        broker = broker_for(given) if isinstance(given, str) else given
-    settings = outbox.settings
-    hooks = Listeners(*outbox.listeners)  # one set, shared by the fast path and the sweeper
-    relay = BrokerLoop(broker)
-    relay.start()
-    dispatcher = Dispatcher(
-        relay,
-        sql_finisher(outbox.engine, settings.mark_mode),
-        settings,
-        verify=sql_verifier(outbox.engine) if settings.verify_commit else None,
-        listener=hooks,
-    )
-    dispatcher.start()
-    jobs = RelayJobs(outbox.engine, relay, settings, listener=hooks) if outbox.sweeper else None
-    if jobs is not None:
-        jobs.start()
-    return relay, dispatcher, jobs
+class Relay(Lifecycle):
+    """A relay: publishes committed messages from ``engine``'s outbox table to ``broker``.
+
+    ``broker`` is a broker URL or an ``outbox.broker.Broker`` object (a test double of
+    ``relay.testing``, say). ``listeners`` hear what the relay did with each message
+    (more with ``add_listener``). The duties:
+
+    - ``fast_path``: publish what ``submit`` hands over right after COMMIT;
+    - ``sweeper``: sweep due rows every ``sweep_interval_s`` (``concurrency`` sweeps side
+      by side) and, with ``retention``, purge old sent rows; ``relay.sweeper`` is there
+      without this duty too, for sweeps on demand (``outbox drain``);
+    - ``metrics_port``: serve Prometheus ``/metrics`` on ``metrics_addr`` (needs the
+      [metrics] extra).
+
+    ``name`` names the broker loop's thread. The engine stays the caller's to dispose.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        broker: str | Broker,
+        settings: Settings | None = None,
+        listeners: Iterable[RelayListener] = (),
+        *,
+        fast_path: bool = True,
+        sweeper: bool = True,
+        retention: bool = True,
+        concurrency: int = 1,
+        metrics_port: int | None = None,
+        metrics_addr: str = "0.0.0.0",
+        name: str = "outbox-relay",
+    ) -> None:
+        super().__init__()
+        self.engine = engine
+        self.settings = settings = settings or Settings()
+        self.listeners = Listeners(*listeners)  # one set: the fast path's and the sweeper's
+        self.broker_loop = BrokerLoop(broker_for(broker) if isinstance(broker, str) else broker,
+                                      name)  # fmt: skip
+        self.dispatcher = self._fast_path() if fast_path else None
+        self.sweeper = Sweeper(engine, self.broker_loop, settings, self.listeners)
+        self.jobs = SweeperJobs(self.sweeper, concurrency, retention) if sweeper else None
+        self._metrics = MetricsServer(self, metrics_port, metrics_addr)
+
+    def _fast_path(self) -> Dispatcher:
+        verify = sql_verifier(self.engine) if self.settings.verify_commit else None
+        finish = sql_finisher(self.engine, self.settings.mark_mode)
+        return Dispatcher(self.broker_loop, finish, self.settings, verify=verify,
+                          listener=self.listeners)  # fmt: skip
+
+    @property
+    def stats(self) -> Stats | None:
+        """The fast path's counters (kept after stop), None without the fast path."""
+        return None if self.dispatcher is None else self.dispatcher.stats
+
+    def add_listener(self, listener: RelayListener) -> None:
+        """Call ``listener``'s hooks too, from the next event on (also while running)."""
+        self.listeners.add(listener)
+
+    def submit(self, messages: Sequence[Message], check: bool = True) -> int:
+        """Hand committed messages to the fast path; how many it took (see Dispatcher)."""
+        return 0 if self.dispatcher is None else self.dispatcher.submit(messages, check)
+
+    def wait_connected(self, timeout: float) -> bool:
+        """True once the broker connection is up (it reconnects by itself after)."""
+        return self.broker_loop.wait_connected(timeout)
+
+    def _start(self) -> None:
+        """The metrics first, then the loop, then what publishes through it; if one part
+        fails to start, the ones started are stopped again and the error is raised."""
+        try:
+            for part in self._parts():
+                part.start()
+        except BaseException:
+            self._stop(5.0)
+            raise
+
+    def _stop(self, timeout: float) -> bool:
+        """The parts in reverse order, within ``timeout`` in all: the fast path finishes
+        its publishes and acks, a sweep in hand its batch, then the broker loop closes.
+        False when one of them did not finish in time (what it held stays pending)."""
+        deadline = time.monotonic() + timeout
+        finished = True
+        for part in reversed(self._parts()):
+            finished = part.stop(max(0.0, deadline - time.monotonic())) and finished
+        return finished
+
+    def _parts(self) -> list[Part]:
+        """The parts in start order."""
+        parts: list[Part | None] = [
+            self._metrics,
+            self.broker_loop,
+            self.dispatcher,
+            self.sweeper,
+            self.jobs,
+        ]
+        return [part for part in parts if part is not None]
+
+
+class MetricsServer(Lifecycle):
+    """``/metrics`` for a Relay on ``port`` (nothing when None): relay.metrics' server."""
+
+    def __init__(self, relay: Relay, port: int | None, addr: str) -> None:
+        super().__init__()
+        self.relay, self.port, self.addr = relay, port, addr
+        self._server: Any = None
+        if port is not None:
+            try:  # checked at once: a worker fails before it starts anything
+                from relay import metrics  # noqa: F401
+            except ImportError:
+                raise OutboxError("metrics_port: serving /metrics needs prometheus_client: "
+                                  "pip install 'outbox-relay[metrics]'") from None  # fmt: skip
+
+    def _start(self) -> None:
+        if self.port is None:
+            return
+        from relay.metrics import serve
+
+        # Started before the parts: it counts what they do from their first message on.
+        self._server = serve(self.relay, self.port, self.addr)
+        log.info("metrics on http://%s:%d/metrics", self.addr, self.port)
+
+    def _stop(self, timeout: float) -> bool:
+        if self._server is not None:
+            self._server.shutdown()
+        return True

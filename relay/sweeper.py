@@ -59,20 +59,29 @@ class SweepResult:
 
 
 class Sweeper:
+    """Publishes due rows through ``broker_loop`` (started and stopped by its owner).
+
+    A sweep runs on its caller's thread (a scheduled job, ``outbox drain``'s thread or a
+    test), so ``start()`` has nothing to do; ``stop(timeout)`` lets the sweeps in hand
+    finish their batch, claims no more, and waits for them (relay.part's contract).
+    """
+
     def __init__(
         self,
         engine: Engine,
-        relay: BrokerLoop,
+        broker_loop: BrokerLoop,
         settings: Settings | None = None,
         listener: RelayListener | None = None,
     ) -> None:
         self.engine = engine
-        self.relay = relay
+        self.broker_loop = broker_loop
         self.settings = settings or Settings()
         self.listeners = Listeners.of(listener)
         self.totals = SweepResult()
         self._totals_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._sweeping = 0  # sweep_once calls in progress
+        self._sweeping_changed = threading.Condition()
         self.known = KnownForms()
 
     def sweep_once(
@@ -87,6 +96,18 @@ class Sweeper:
         version) is recorded as failed without being published, and a message the
         broker or adapter refuses fails alone; the rest of the batch is marked once.
         """
+        with self._sweeping_changed:
+            self._sweeping += 1
+        try:
+            return self._sweep_once(min_age_s, due_only, cursor)
+        finally:
+            with self._sweeping_changed:
+                self._sweeping -= 1
+                self._sweeping_changed.notify_all()
+
+    def _sweep_once(
+        self, min_age_s: float | None, due_only: bool, cursor: Cursor | None
+    ) -> SweepResult:
         age = self.settings.sweeper_age_s if min_age_s is None else min_age_s
         started = time.monotonic()
         rows: list[store.Claimed] = []
@@ -159,9 +180,15 @@ class Sweeper:
                 total += part.result()
         return total
 
-    def stop(self) -> None:
-        """Finish the batch in hand, claim no more."""
+    def start(self) -> None:
+        """Nothing to start: sweeps run on their callers' threads."""
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Finish the batches in hand, claim no more; True once none is left in hand
+        (within ``timeout``). Idempotent, from any thread."""
         self._stopping.set()
+        with self._sweeping_changed:
+            return self._sweeping_changed.wait_for(lambda: self._sweeping == 0, timeout)
 
     @property
     def stopping(self) -> bool:
@@ -186,11 +213,12 @@ class Sweeper:
         messages = [m for m in prepared if isinstance(m, Message)]
         if not messages:
             return [r for r in prepared if isinstance(r, PublishResult)]
-        if self._stopping.is_set() or not self.relay.running:
+        if self._stopping.is_set() or not self.broker_loop.running:
             return None
+        loop = self.broker_loop
         try:
             with publish_span(messages):
-                answers = self.relay.submit(publish_isolated(self.relay.broker, messages))
+                answers = loop.submit(publish_isolated(loop.broker, messages))
                 results = answers.result(self.settings.publish_timeout_s)
         except Exception as exc:  # timeout, loop closed: the broker was not answering
             log.warning("sweep publish of %d message(s) failed: %r", len(messages), exc)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.pool import NullPool
 
 from outbox import migrate, outbox_message
 from relay.brokers import Broker
+from relay.dispatcher import Dispatcher
 from relay.halfop import LocalTransactionState, TransactionListener, TransactionMessage
 from relay.loop import BrokerLoop
 
@@ -58,6 +60,27 @@ def running(broker: Broker, loops: list[BrokerLoop]) -> BrokerLoop:
     loop.start()
     loops.append(loop)
     return loop
+
+
+class DispatcherWithLoop(Dispatcher):
+    """A Dispatcher on a BrokerLoop of its own, started before and stopped after it: what
+    a relay.runtime.Relay does around its fast path, for tests of the fast path alone."""
+
+    def __init__(self, broker: Broker, *args: Any, **kwargs: Any) -> None:
+        super().__init__(BrokerLoop(broker), *args, **kwargs)
+
+    def _start(self) -> None:
+        self.broker_loop.start()
+        try:
+            super()._start()
+        except BaseException:
+            self.broker_loop.stop(1.0)
+            raise
+
+    def _stop(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        finished = super()._stop(timeout)
+        return self.broker_loop.stop(max(0.0, deadline - time.monotonic())) and finished
 
 
 class AlwaysCommits(TransactionListener):

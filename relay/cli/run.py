@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from sqlalchemy import Engine
 
@@ -19,7 +19,6 @@ from outbox import migrate
 from outbox.errors import OutboxError
 from outbox.secrets import mask_url
 from relay import store
-from relay.brokers import broker_for
 from relay.cli.app import add_app_flag
 from relay.cli.common import (
     EXIT_FAILED,
@@ -32,9 +31,8 @@ from relay.cli.common import (
 )
 from relay.cli.settings_flags import add_settings_flags
 from relay.cli.stopping import STOP_SIGNALS, StopSignals, exit_status, signals_blocked
-from relay.loop import BrokerLoop
+from relay.runtime import Relay
 from relay.sweeper import Sweeper, SweepResult
-from relay.worker import RelayJobs
 
 DRAIN_PASSES = 3
 CONNECT_WAIT_S = 10.0
@@ -109,29 +107,24 @@ def cmd_relay(args: argparse.Namespace) -> int:
     settings = args.settings  # flags, --app, OUTBOX_<FIELD>, defaults (relay.cli.settings_flags)
     engine = database(args)
     migrate.require_schema(engine)
-    relay = BrokerLoop(broker_for(args.broker), name="outbox-worker")
-    jobs = RelayJobs(engine, relay, settings, concurrency=args.concurrency)
-    metrics = serve_metrics(jobs, args.metrics_port, args.metrics_addr)  # fails before starting
-    relay.start()
-    jobs.start()
+    relay = Relay(engine, args.broker, settings, fast_path=False, concurrency=args.concurrency,
+                  metrics_port=args.metrics_port, metrics_addr=args.metrics_addr,
+                  name="outbox-worker")  # fmt: skip
+    relay.start()  # the metrics server first: a port in use fails before the sweeps start
     started = time.monotonic()
     log.info("relay worker started: db=%s broker=%s", mask_url(args.db), mask_url(args.broker))
     signum = signal.sigwait(STOP_SIGNALS)
-    deadline = time.monotonic() + args.stop_timeout
     second_signal_exits("relay", signum)
-    if metrics is not None:
-        metrics.shutdown()
     log.info("%s: stopping (deadline %.0f s)", signal.Signals(signum).name, args.stop_timeout)
-    finished = jobs.stop(max(0.0, deadline - time.monotonic()))
-    totals = jobs.sweeper.totals
+    finished = relay.stop(args.stop_timeout)
+    totals = relay.sweeper.totals
     line = (
         f"relay worker stopped by {signal.Signals(signum).name}: sent={totals.sent} "
         f"retry_later={totals.failed} dead={totals.dead} in {time.monotonic() - started:.0f} s"
     )
-    if not finished:  # the sweep's transaction is open: exiting rolls it back (rows pending)
+    if not finished:  # a sweep's transaction is open: exiting rolls it back (rows pending)
         log.info("%s; stop timeout passed, the batch in flight stays pending", line)
         exit_now(EXIT_OK)
-    relay.stop(min(2.0, max(0.0, deadline - time.monotonic())))
     engine.dispose()
     log.info("%s", line)
     return EXIT_OK
@@ -160,19 +153,6 @@ def exit_now(status: int) -> NoReturn:
     os._exit(status)
 
 
-def serve_metrics(jobs: Any, port: int | None, addr: str) -> Any:
-    if port is None:
-        return None
-    try:
-        from relay.metrics import serve
-    except ImportError:
-        raise OutboxError("--metrics-port needs prometheus_client: pip install "
-                          "'outbox-relay[metrics]'") from None  # fmt: skip
-    server = serve(lambda: (None, jobs), port, addr)
-    log.info("metrics on http://%s:%d/metrics", addr, port)
-    return server
-
-
 def cmd_drain(args: argparse.Namespace) -> int:
     stop = StopSignals("drain").install()
     try:
@@ -183,7 +163,10 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 def drain(args: argparse.Namespace, stop: StopSignals) -> int:
     engine, total = backlog(args)
-    relay = BrokerLoop(broker_for(args.broker), name="outbox-drain")
+    settings = args.settings
+    # No duty of its own: this command sweeps on demand, with the relay's sweeper.
+    relay = Relay(engine, args.broker, settings, fast_path=False, sweeper=False,
+                  name="outbox-drain")  # fmt: skip
     # The adapter retries, and warns, every 0.2 s: from its first try till it stops.
     with repeats_dropped():
         with signals_blocked():
@@ -195,7 +178,7 @@ def drain(args: argparse.Namespace, stop: StopSignals) -> int:
             if stop.received:
                 return report_drain(SweepResult(), total, 0.0, stop.received)
             raise OutboxError(f"broker {mask_url(args.broker)} unreachable; nothing was touched")
-    sweeper = Sweeper(engine, relay, args.settings)
+    sweeper = relay.sweeper
     progress = Progress(total) if sys.stderr.isatty() else None
     started = time.monotonic()
     work = Background(lambda: drain_passes(sweeper, args.concurrency, progress))
@@ -227,7 +210,7 @@ def backlog(args: argparse.Namespace) -> tuple[Engine, int]:
         raise
 
 
-def wait_connected(relay: BrokerLoop, stop: StopSignals) -> bool:
+def wait_connected(relay: Relay, stop: StopSignals) -> bool:
     """Wait for the broker up to CONNECT_WAIT_S, or until a stop signal."""
     deadline = time.monotonic() + CONNECT_WAIT_S
     while not relay.wait_connected(SIGNAL_CHECK_S):
@@ -265,8 +248,9 @@ def await_drain(
         if not work.is_alive():
             return None, True
     log.info("%s: stopping (deadline %.0f s): finishing the batches in flight", stop.name, timeout)
-    sweeper.stop()
-    work.join(timeout)
+    deadline = time.monotonic() + timeout
+    sweeper.stop(timeout)  # the batches in hand finish; no new one is claimed
+    work.join(max(0.0, deadline - time.monotonic()))
     return signum, not work.is_alive()
 
 

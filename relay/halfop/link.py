@@ -88,18 +88,18 @@ class ProducerLink:
         self.group = group
         self._on_check = on_check
         self._conn = _Connection(url, self._subscribe)
-        self._relay = ConnectionLoop(self._conn, name=f"halfop-{group}")
+        self._loop = ConnectionLoop(self._conn, name=f"halfop-{group}")
         self._ready: asyncio.Event | None = None
         # TransactionProducer.drop_end_requests: phase-2 end requests never leave.
         self.drop_end_requests = False
         self.ends_sent = 0
 
     def start(self, timeout: float) -> None:
-        self._relay.start(timeout)
-        self._relay.submit(self._wait_connected()).result(timeout)
+        self._loop.start()
+        self._loop.submit(self._wait_connected()).result(timeout)
 
     def stop(self, timeout: float) -> None:
-        self._relay.stop(timeout)
+        self._loop.stop(timeout)
 
     async def _wait_connected(self) -> None:
         while self._conn.nc is None or not self._conn.nc.is_connected:
@@ -118,7 +118,7 @@ class ProducerLink:
 
     def send_half(self, msg: TransactionMessage, timeout: float) -> int:
         """Store the half; returns its offset. Raises when the broker did not take it."""
-        return self._relay.submit(self._send_half(msg, timeout)).result(timeout + 1)
+        return self._loop.submit(self._send_half(msg, timeout)).result(timeout + 1)
 
     async def _send_half(self, msg: TransactionMessage, timeout: float) -> int:
         nc = self._conn.nc
@@ -138,7 +138,7 @@ class ProducerLink:
         """One-way: queued for sending, no answer awaited (lost if the process dies now)."""
         if self.drop_end_requests and not check_answer:
             return
-        loop = self._relay.loop
+        loop = self._loop.loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(lambda: loop.create_task(self._send_end(msg, state)))
 

@@ -77,7 +77,7 @@ def test_an_outage_at_full_commit_rate_holds_at_most_queue_size_and_loses_nothin
     ob.start()
     try:
         stats = ob.stats
-        dispatcher, _ = ob.relay_parts()
+        dispatcher = ob.relay.dispatcher if ob.relay is not None else None
         assert stats is not None and dispatcher is not None
         with Session(ob.engine) as session, session.begin():
             ob.send(session, f"{prefix}.warmup", {})

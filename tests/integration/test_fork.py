@@ -194,15 +194,15 @@ def test_a_child_whose_relay_failed_to_start_tries_again(
         def fail_once_then_start() -> list[Any]:
             from relay import runtime
 
-            real, calls = runtime.start_relay, []
+            real, calls = runtime.Relay.start, []
 
-            def flaky(outbox: Outbox) -> Any:
+            def flaky(relay: runtime.Relay) -> Any:
                 calls.append(1)
                 if len(calls) == 1:
                     raise ConnectionError("broker blip")
-                return real(outbox)
+                return real(relay)
 
-            monkeypatch.setattr(runtime, "start_relay", flaky)
+            monkeypatch.setattr(runtime.Relay, "start", flaky)
             monkeypatch.setattr("outbox.api.START_RETRY_S", 0.0)
             first = send(1)  # the start fails: this row waits for a sweeper
             second = send(2)  # tried again: the relay starts

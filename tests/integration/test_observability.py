@@ -45,7 +45,7 @@ def test_metrics_endpoint_counts_what_the_relay_did(
     outbox: Outbox, stream: tuple[str, str]
 ) -> None:
     port = free_port()
-    server = serve(outbox.relay_parts, port, addr="127.0.0.1")
+    server = serve(outbox.relay, port, addr="127.0.0.1")
     try:
         with Session(outbox.engine) as session, session.begin():
             for i in range(7):

@@ -24,10 +24,9 @@ from outbox.message import KEY_HEADER, TAGS_HEADER, Message, uuid7
 from outbox.settings import Settings
 from outbox.table import DEAD, PENDING, SENT
 from relay.brokers import broker_for
-from relay.dispatcher import Dispatcher
 from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper
-from tests.helpers import migrated, wait_until
+from tests.helpers import DispatcherWithLoop, migrated, wait_until
 from tests.planting import plant, row_of
 from tests.targets import Carried, Target, target
 
@@ -127,14 +126,14 @@ def test_fast_path_keeps_a_poison_message_to_itself(target: Target) -> None:
         for columns, _ in target.poisons.values()
     ]
     marked: list[str] = []
-    dispatcher = Dispatcher(
+    dispatcher = DispatcherWithLoop(
         broker_for(target.url),
         lambda acks: marked.extend(m for m, _ in acks) or len(acks),
         Settings(retry_delays_ms=(0, 5, 10), ack_flush_ms=2, publish_batch=64),
     )
     dispatcher.start()
     try:
-        assert dispatcher.relay.wait_connected(10), "broker not reachable"
+        assert dispatcher.broker_loop.wait_connected(10), "broker not reachable"
         assert dispatcher.submit([*healthy[:10], *poisons, *healthy[10:]], check=False) == 20 + len(
             poisons
         )

@@ -24,9 +24,9 @@ from outbox.settings import Settings
 from relay.brokers.nats import NatsBroker, read_stream
 from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper
+from relay.sweeper_jobs import SweeperJobs
 from relay.testing.embedded import NatsServer
 from relay.testing.memory import MemoryBroker
-from relay.worker import RelayJobs
 from tests.helpers import running
 
 t = outbox_message
@@ -317,7 +317,8 @@ def test_a_sweeper_waits_for_the_schema_at_head(
     try:
         commit_messages(engine, 3)
         age_rows(engine)
-        jobs = RelayJobs(engine, running(MemoryBroker(), loops), Settings(), retention=False)
+        sweeper = Sweeper(engine, running(MemoryBroker(), loops), Settings())
+        jobs = SweeperJobs(sweeper, retention=False)
         jobs._sweep()
         jobs._sweep()
         assert statuses(engine) == Counter({"pending": 3})

@@ -20,7 +20,7 @@ from relay.dispatcher import Dispatcher
 from relay.listener import Failed, Path, Reason, RelayListener, Sent
 from relay.testing.faults import FaultyBroker
 from relay.testing.memory import MemoryBroker
-from tests.helpers import wait_until
+from tests.helpers import DispatcherWithLoop, wait_until
 
 FAST = Settings(retry_delays_ms=(0, 5, 10, 20), ack_flush_ms=2)
 
@@ -61,7 +61,7 @@ def running(finisher: Finisher) -> Iterator[Run]:
     started: list[Dispatcher] = []
 
     def start(broker: Broker, settings: Settings = FAST) -> Dispatcher:
-        dispatcher = Dispatcher(broker, finisher, settings)
+        dispatcher = DispatcherWithLoop(broker, finisher, settings)
         dispatcher.start()
         started.append(dispatcher)
         return dispatcher
@@ -82,7 +82,7 @@ def test_an_unexpected_error_marking_one_batch_leaves_the_next_marked(
             raise error
         return finisher(acks)
 
-    d = Dispatcher(MemoryBroker(), finish, FAST)
+    d = DispatcherWithLoop(MemoryBroker(), finish, FAST)
     d.start()
     try:
         first, second = messages(1), messages(3)
@@ -187,7 +187,7 @@ def test_messages_past_the_handoff_limit_are_left_to_the_sweeper(
 
 
 def test_submit_before_start_or_after_stop_takes_nothing(finisher: Finisher) -> None:
-    d = Dispatcher(MemoryBroker(), finisher, FAST)
+    d = DispatcherWithLoop(MemoryBroker(), finisher, FAST)
     assert d.submit(messages(3)) == 0
     d.start()
     d.stop(2)
@@ -300,7 +300,7 @@ def bounded(
     verify: Callable[[Sequence[str]], set[str]] | None = None,
 ) -> tuple[Dispatcher, Ends]:
     ends = Ends()
-    d = Dispatcher(broker, finish, settings, verify=verify, listener=ends)
+    d = DispatcherWithLoop(broker, finish, settings, verify=verify, listener=ends)
     d.start()
     return d, ends
 

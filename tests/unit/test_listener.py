@@ -29,7 +29,7 @@ from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper, SweepResult
 from relay.testing.faults import FaultyBroker
 from relay.testing.memory import MemoryBroker
-from tests.helpers import wait_until
+from tests.helpers import DispatcherWithLoop, wait_until
 from tests.planting import plant, row_of
 
 FAST = Settings(retry_delays_ms=(0, 5, 10, 20), ack_flush_ms=2)
@@ -146,7 +146,7 @@ def running() -> Iterator[Run]:
         settings: Settings = FAST,
         finisher: Callable[[Sequence[tuple[str, str]]], int] | None = None,
     ) -> Dispatcher:
-        dispatcher = Dispatcher(broker, finisher or Finisher(), settings, listener=listener)
+        dispatcher = DispatcherWithLoop(broker, finisher or Finisher(), settings, listener=listener)
         dispatcher.start()
         started.append(dispatcher)
         return dispatcher

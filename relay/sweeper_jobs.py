@@ -1,50 +1,44 @@
-"""Periodic jobs of the relay: the sweeper and the retention purge, on APScheduler.
+"""The sweeper's two jobs on a schedule (APScheduler): the sweep and the retention purge.
 
-Used inside an app (``Outbox(..., sweeper=True)``, the default) and by the
-``outbox relay`` worker process; any number of either can run against one database.
+Run by a ``Relay`` with the sweeper duty: inside an app (``Outbox(..., sweeper=True)``,
+the default) and in the ``outbox relay`` worker process; any number of either can run
+against one database.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import datetime
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from sqlalchemy import Engine
 
 from outbox import migrate
-from outbox.settings import Settings
-from relay.listener import RelayListener
-from relay.loop import BrokerLoop
+from relay.part import Lifecycle
 from relay.sweeper import Sweeper
 
-log = logging.getLogger("relay.worker")
+log = logging.getLogger("relay.sweeper_jobs")
 
 RETENTION_INTERVAL_S = 60.0
 
 
-class RelayJobs:
-    def __init__(
-        self,
-        engine: Engine,
-        relay: BrokerLoop,
-        settings: Settings,
-        concurrency: int = 1,
-        retention: bool = True,
-        listener: RelayListener | None = None,
-    ) -> None:
-        self.engine = engine
-        self.sweeper = Sweeper(engine, relay, settings, listener)
-        self.listeners = self.sweeper.listeners
-        self.settings = settings
+class SweeperJobs(Lifecycle):
+    """Calls ``sweeper.sweep`` every ``sweep_interval_s`` and, with ``retention``,
+    ``sweeper.purge`` every minute, on the scheduler's threads."""
+
+    def __init__(self, sweeper: Sweeper, concurrency: int = 1, retention: bool = True) -> None:
+        super().__init__()
+        self.sweeper = sweeper
+        self.engine = sweeper.engine
+        self.settings = sweeper.settings
         self.concurrency = concurrency
         self.retention = retention
         self._scheduler: BackgroundScheduler | None = None
         self._schema_ok = False
         self._schema_told: str | None = None  # the problem last logged, not to repeat it
 
-    def start(self) -> None:
+    def _start(self) -> None:
         scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
         scheduler.add_job(
             self._sweep, "interval", seconds=self.settings.sweep_interval_s,
@@ -58,19 +52,19 @@ class RelayJobs:
         scheduler.start()
         self._scheduler = scheduler
 
-    def stop(self, timeout: float = 10.0) -> bool:
+    def _stop(self, timeout: float) -> bool:
         """Let a running sweep finish (within ``timeout``); start no new one.
 
         False when a sweep was still running at the deadline: its batch is marked when
         its publish is answered, or stays pending if the process ends first.
         """
         scheduler, self._scheduler = self._scheduler, None
-        if scheduler is None:
-            return True
-        self.sweeper.stop()  # a running sweep finishes its batch and claims no more
+        assert scheduler is not None, "started"
+        deadline = time.monotonic() + timeout
+        self.sweeper.stop(timeout)  # a running sweep finishes its batch and claims no more
         done = threading.Thread(target=shut_down, args=(scheduler,), daemon=True)
         done.start()
-        done.join(timeout)
+        done.join(max(0.0, deadline - time.monotonic()))
         if done.is_alive():
             log.warning("a sweep was still running at the stop deadline; its rows stay pending")
             return False
