@@ -2,7 +2,7 @@
 
 Subclass ``RelayListener`` and override the hooks you need; the others do nothing.
 Pass it to ``Outbox(..., listener=...)`` (or ``Outbox.add_listener``), or to a
-``Dispatcher``, ``Sweeper`` or ``RelayJobs`` you build yourself::
+``relay.runtime.Relay`` you build yourself::
 
     class Alarm(RelayListener):
         def dead(self, failed: Sequence[Failed]) -> None:

@@ -1,7 +1,16 @@
-"""Counters of the relay, kept as plain integers.
+"""Counters of the fast path, kept as plain integers, read from any thread.
 
-Most have one writer, the relay loop; ``held`` and ``held_peak`` are written under
-``Slots``' lock by app threads (take), the loop and the acks thread (free).
+Who writes them:
+- the broker loop: most of them (``accepted``, ``published``, ``retried``, ...,
+  ``latencies``); also ``marked`` when listeners want to hear ``published`` (it counts
+  after telling them);
+- the acks thread: ``mark_statements``, ``mark_failed``, and ``marked`` when nobody
+  listens;
+- app threads, in ``Dispatcher.submit`` under the dispatcher's lock: ``queue_full``;
+- the thread that calls ``Dispatcher.stop``: ``dropped_at_stop`` for commits a loop
+  that did not answer left behind (the loop writes the other ones);
+- ``held`` and ``held_peak``: under ``Slots``' lock, by app threads (take), the loop,
+  the acks thread and ``stop`` (free).
 
 Prometheus metrics count through a listener (relay.listener), not from these.
 ``Slots`` is the one count the fast path bounds its memory with (``queue_size``).

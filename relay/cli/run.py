@@ -278,7 +278,7 @@ class Background(threading.Thread):
     """Runs ``work`` in a thread of its own; ``result()`` returns or raises what it did."""
 
     def __init__(self, work: Callable[[], SweepResult]) -> None:
-        super().__init__(name="outbox-drain", daemon=True)
+        super().__init__(name="outbox-drain-sweeps", daemon=True)  # the loop is outbox-drain
         self._work = work
         self._result: SweepResult | None = None
         self._error: BaseException | None = None

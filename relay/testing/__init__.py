@@ -7,8 +7,9 @@ constructing it.
 - ``MemoryBroker``: an ``outbox.broker.Broker`` (and ``LogReader``) that keeps what it
   accepts in ``published``, drops a second copy of a msg_id (as JetStream does) and can
   answer per message through a ``policy``. ``Outbox(db, broker=MemoryBroker())`` runs
-  an app end to end with no server (docs/testing.md); a ``BrokerLoop`` (``relay.loop``)
-  takes it for unit tests of the dispatcher or the sweeper.
+  an app end to end with no server (docs/testing.md), a ``Relay`` (``relay.runtime``)
+  takes it in place of a URL, and a ``BrokerLoop`` (``relay.loop``) for unit tests of
+  one part.
 - ``harness.broker_under_test(kind)``: one broker test harness for every broker (NATS,
   RabbitMQ, Redis, memory): a namespace of the test's own, published to through the
   adapter and read back through its ``LogReader``, cleaned up afterwards.
