@@ -63,7 +63,7 @@ def sql_verifier(engine: Engine) -> Verify:
 
 
 class AckBatcher(Lifecycle):
-    """Collects acks from the relay loop; one thread of its own waits, batches and writes them.
+    """Collects acks from the broker loop; one thread of its own waits, batches and writes them.
 
     Made on the loop by the dispatcher, which starts it and, at its own stop, closes it
     from the loop (``close``: no wait) and then stops it from its caller's thread.
@@ -202,7 +202,7 @@ class AckBatcher(Lifecycle):
         try:
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop has closed (stop's deadline passed): no one hears it
-            log.debug("relay loop closed; %s not run", fn.__name__)
+            log.debug("broker loop closed; %s not run", fn.__name__)
 
     def _write(self, batch: list[tuple[str, str, str, float | None]]) -> None:
         acks = [(msg_id, receipt) for msg_id, receipt, _, _ in batch]

@@ -87,7 +87,7 @@ class Slots:
     in the inbox, msgQueue, a publish in flight, the time wheel or the acks waiting to
     be marked: all of it counts, so ``size`` bounds the fast path's memory however long
     the broker is away; past it, commits stay in the table for the sweeper. Any
-    thread: app threads take, the relay loop and the acks thread free. The count is
+    thread: app threads take, the broker loop and the acks thread free. The count is
     mirrored in ``stats.held`` / ``stats.held_peak`` for readers.
     """
 
