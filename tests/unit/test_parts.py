@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import Engine, create_engine
 
 from outbox import migrate
-from outbox.config import Settings
 from outbox.message import build_message
+from outbox.settings import Settings
 from relay.acks import AckBatcher
 from relay.dispatcher import Dispatcher
 from relay.loop import BrokerLoop
