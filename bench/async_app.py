@@ -37,7 +37,7 @@ from bench.fast_path import bench_schema, pct
 from bench.report import print_rows
 from examples.fastapi_app.app import create_app
 from outbox import Outbox
-from relay.listener import RelayListener, Sent
+from outbox.events import RelayListener, Sent
 from relay.testing.embedded import NatsServer, free_port
 
 LENGTH = re.compile(rb"content-length: *(\d+)", re.I)

@@ -27,6 +27,7 @@ from outbox.engines import (
     sync_url,
 )
 from outbox.errors import ConfigError, WrongDatabase
+from outbox.events import RelayListener, Stats
 from outbox.message import Message, build_message
 from outbox.secrets import mask_url, url_of
 from outbox.settings import Settings
@@ -42,8 +43,8 @@ if TYPE_CHECKING:  # types only: the relay itself is imported by start(), asynci
         async_sessionmaker,
     )
 
-    from relay.listener import RelayListener
-    from relay.runtime import Relay, Stats
+    from outbox.events import RelayListener, Stats
+    from relay.runtime import Relay
 
     AnySession = (
         Session | scoped_session[Session] | AsyncSession | async_scoped_session[AsyncSession]
@@ -73,7 +74,7 @@ class Outbox:
     ``relay.testing.MemoryBroker()`` in an app's tests), or None when another process
     relays.
     ``sweeper``: also run the sweeper in this process once started (default True).
-    ``listener``: a ``relay.listener.RelayListener`` whose hooks hear what the relay
+    ``listener``: an ``outbox.events.RelayListener`` whose hooks hear what the relay
     did with each message (more with ``add_listener``).
     Other options are the fields of ``outbox.settings.Settings``.
     """

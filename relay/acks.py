@@ -16,10 +16,11 @@ from collections.abc import Callable, Sequence
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from outbox.events import Sent, Stats
 from relay import store
-from relay.listener import Listeners, Sent
+from relay.listener import Listeners
 from relay.part import Lifecycle
-from relay.stats import Slots, Stats
+from relay.stats import Slots
 
 log = logging.getLogger("relay.acks")
 
@@ -93,7 +94,7 @@ class AckBatcher(Lifecycle):
         self.listeners = Listeners() if listeners is None else listeners
         self.batch_size = batch_size
         self.flush_s = flush_ms / 1000
-        self._waiting: list[tuple[str, str, str, float | None]] = []  # the fields of Sent
+        self._waiting: list[Sent] = []
         self._first_at = 0.0  # time.monotonic() when the first of _waiting came
         self._writing = False
         self._closing = False
@@ -107,12 +108,12 @@ class AckBatcher(Lifecycle):
     def _start(self) -> None:
         self._thread.start()
 
-    def add(self, msg_id: str, receipt: str, topic: str, latency_s: float | None) -> bool:
+    def add(self, sent: Sent) -> bool:
         """Queue one ack for marking; False once the thread has ended (nobody would)."""
         with self._cond:
             if self._ended:
                 return False
-            self._waiting.append((msg_id, receipt, topic, latency_s))
+            self._waiting.append(sent)
             if len(self._waiting) == 1:
                 self._first_at = time.monotonic()
                 self._cond.notify()
@@ -154,13 +155,13 @@ class AckBatcher(Lifecycle):
             left, self._waiting, self._ended = self._waiting, [], True
         self._free(len(left))
         if left:
-            self.listeners.left_for_sweeper([msg_id for msg_id, *_ in left], "stopped")
+            self.listeners.left_for_sweeper([sent.msg_id for sent in left], "stopped")
 
     def _free(self, n: int) -> None:
         if self._slots is not None:
             self._slots.free(n)
 
-    def _next_batch(self) -> list[tuple[str, str, str, float | None]] | None:
+    def _next_batch(self) -> list[Sent] | None:
         """The next batch once full or ``flush_ms`` after its first ack; None once closed."""
         with self._cond:
             self._writing = False
@@ -193,9 +194,8 @@ class AckBatcher(Lifecycle):
             self._on_loop(_set_done, idle)
         self._idle_waiters.clear()
 
-    def _published(self, batch: list[tuple[str, str, str, float | None]], changed: int) -> None:
-        sent = [Sent(msg_id, topic, receipt, lat) for msg_id, receipt, topic, lat in batch]
-        self.listeners.published(sent, "fast")  # before the count: waiting on it sees both
+    def _published(self, batch: list[Sent], changed: int) -> None:
+        self.listeners.published(batch, "fast")  # before the count: waiting on it sees both
         self.stats.marked += changed
 
     def _on_loop(self, fn: Callable[..., None], *args: object) -> None:
@@ -204,8 +204,8 @@ class AckBatcher(Lifecycle):
         except RuntimeError:  # the loop has closed (stop's deadline passed): no one hears it
             log.debug("broker loop closed; %s not run", fn.__name__)
 
-    def _write(self, batch: list[tuple[str, str, str, float | None]]) -> None:
-        acks = [(msg_id, receipt) for msg_id, receipt, _, _ in batch]
+    def _write(self, batch: list[Sent]) -> None:
+        acks = [(sent.msg_id, sent.receipt) for sent in batch]
         for delay in RETRY_DELAYS_S:
             if delay:
                 time.sleep(delay)  # this thread's own pause: the loop goes on publishing

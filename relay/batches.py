@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from relay.listener import Failed, Listeners, Path, Sent
+from outbox.events import Failed, Path, Sent
+from relay.listener import Listeners
 
 
 @dataclass(slots=True)

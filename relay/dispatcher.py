@@ -8,7 +8,7 @@ an asyncio loop that keeps many publishes in flight; an ack goes to the AckBatch
 retryable failure to the TimeWheel for its next attempt. When the retry schedule is
 spent, or a message is older than the hand-off limit, it leaves memory and waits in
 the table for the sweeper, which only takes rows older than its own threshold.
-Listeners (relay.listener) hear each batch's outcomes.
+Listeners (outbox.events.RelayListener) hear each batch's outcomes.
 """
 
 from __future__ import annotations
@@ -23,16 +23,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from outbox.broker import Outcome, PublishResult, retry
+from outbox.events import Failed, RelayListener, Sent, Stats
 from outbox.message import Message
 from outbox.settings import Settings
 from outbox.tracing import publish_span
 from relay.acks import AckBatcher, Finish, Verify
 from relay.batches import BatchReport
 from relay.brokers.base import publish_isolated
-from relay.listener import Failed, Listeners, RelayListener
+from relay.listener import Listeners
 from relay.loop import BrokerLoop
 from relay.part import START_TIMEOUT_S, Lifecycle
-from relay.stats import Slots, Stats
+from relay.stats import Slots
 from relay.timewheel import TimeWheel
 
 log = logging.getLogger("relay.dispatcher")
@@ -298,7 +299,7 @@ class Dispatcher(Lifecycle):
             self.stats.first_attempt += delivery.attempt == 0
             self.stats.duplicates += result.duplicate
             self.stats.latencies.append(latency)
-            if self._acks.add(message.msg_id, result.receipt or "", message.topic, latency):
+            if self._acks.add(Sent(message.msg_id, message.topic, result.receipt or "", latency)):
                 return
             # Acked after stop() closed the acks thread: nobody marks it; the sweeper will.
             self.stats.dropped_at_stop += 1

@@ -1,6 +1,6 @@
 """Prometheus metrics of the relay (optional: ``pip install outbox-relay[metrics]``).
 
-The counters come from a listener (relay.listener) the relay calls once per batch;
+The counters come from a listener (outbox.events.RelayListener) the relay calls once per batch;
 the two gauges are read when Prometheus scrapes.
 
 In an app::
@@ -33,17 +33,16 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from outbox.events import REASONS, Failed, Path, Reason, RelayListener, Sent, SweepResult
 from outbox.forks import after_fork_in_child
-from relay.listener import Failed, Path, Reason, RelayListener, Sent
 from relay.stats import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS_S, SWEEP_BUCKETS_S, Histogram
 
 if TYPE_CHECKING:
-    from outbox.api import Outbox
     from relay.dispatcher import Dispatcher
-    from relay.sweeper import SweepResult
     from relay.sweeper_jobs import SweeperJobs
 
-LEFT_REASONS = ("queue_full", "exhausted", "too_old", "rejected", "mark_failed", "stopped")
+# Why messages left the fast path: the hook's reasons, and rejected (a hook of its own).
+LEFT_REASONS = (*REASONS, "rejected")
 
 
 class Watched(Protocol):
@@ -190,7 +189,17 @@ def histogram(name: str, documentation: str, source: Histogram) -> HistogramMetr
     return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=source.sum)
 
 
-def register(ob: Outbox, registry: CollectorRegistry = REGISTRY) -> OutboxCollector:
+class App(Protocol):
+    """What ``register`` reads of an ``outbox.Outbox`` (not imported: the Outbox starts
+    the relay, which imports this module)."""
+
+    @property
+    def relay(self) -> Watched | None: ...
+
+    def add_listener(self, listener: RelayListener) -> None: ...
+
+
+def register(ob: App, registry: CollectorRegistry = REGISTRY) -> OutboxCollector:
     """Expose ``ob``'s relay in ``registry`` (it follows ob.start()/stop())."""
     counts = RelayCounts()
     ob.add_listener(counts)

@@ -27,19 +27,19 @@ from sqlalchemy import Engine
 
 from outbox.broker import Broker
 from outbox.errors import OutboxError
+from outbox.events import RelayListener, Stats
 from outbox.message import Message
 from outbox.settings import Settings
 from relay.acks import sql_finisher, sql_verifier
 from relay.brokers import broker_for
 from relay.dispatcher import Dispatcher
-from relay.listener import Listeners, RelayListener
+from relay.listener import Listeners
 from relay.loop import BrokerLoop
 from relay.part import Lifecycle, Part
-from relay.stats import Stats
 from relay.sweeper import Sweeper
 from relay.sweeper_jobs import SweeperJobs
 
-__all__ = ["Relay", "Stats"]
+__all__ = ["Relay"]
 
 log = logging.getLogger("relay.runtime")
 

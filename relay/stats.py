@@ -1,28 +1,16 @@
-"""Counters of the fast path, kept as plain integers, read from any thread.
+"""The relay's counting: ``Slots``, the one count the fast path bounds its memory with
+(``queue_size``), and the histograms Prometheus metrics are kept in.
 
-Who writes them:
-- the broker loop: most of them (``accepted``, ``published``, ``retried``, ...,
-  ``latencies``); also ``marked`` when listeners want to hear ``published`` (it counts
-  after telling them);
-- the acks thread: ``mark_statements``, ``mark_failed``, and ``marked`` when nobody
-  listens;
-- app threads, in ``Dispatcher.submit`` under the dispatcher's lock: ``queue_full``;
-- the thread that calls ``Dispatcher.stop``: ``dropped_at_stop`` for commits a loop
-  that did not answer left behind (the loop writes the other ones);
-- ``held`` and ``held_peak``: under ``Slots``' lock, by app threads (take), the loop,
-  the acks thread and ``stop`` (free).
-
-Prometheus metrics count through a listener (relay.listener), not from these.
-``Slots`` is the one count the fast path bounds its memory with (``queue_size``).
+The fast path's counters an app reads (``Stats``) are ``outbox.events``'.
 """
 
 from __future__ import annotations
 
 import bisect
-import collections
 import logging
 import threading
-from dataclasses import dataclass, field
+
+from outbox.events import Stats
 
 log = logging.getLogger("relay.stats")
 
@@ -51,31 +39,6 @@ class Histogram:
             running += count
             out.append((bound, float(running)))
         return out
-
-
-@dataclass
-class Stats:
-    """Counters of one dispatcher; read them from any thread."""
-
-    accepted: int = 0
-    queue_full: int = 0  # left in the table: the fast path held queue_size messages
-    held: int = 0  # messages the fast path holds now (Slots), at most queue_size
-    held_peak: int = 0  # the most it ever held at once
-    published: int = 0
-    first_attempt: int = 0  # acked on the first attempt
-    retried: int = 0
-    exhausted: int = 0  # retry schedule spent: left for the sweeper
-    too_old: int = 0  # past the hand-off limit: left for the sweeper
-    rejected: int = 0  # permanent broker error: left for the sweeper to dead-letter
-    duplicates: int = 0  # the broker reported it already held the msg_id
-    dropped_at_stop: int = 0
-    not_visible: int = 0  # handed over after COMMIT but the row was not there (yet)
-    marked: int = 0  # rows marked sent (or deleted) after an ack
-    mark_statements: int = 0  # statements that did it: one per batch, more only on retries
-    mark_failed: int = 0  # acked but not marked: the sweeper will publish them again
-    latencies: collections.deque[float] = field(  # commit to ack, the latest ones
-        default_factory=lambda: collections.deque(maxlen=100_000)
-    )
 
 
 class Slots:

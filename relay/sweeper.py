@@ -5,7 +5,7 @@ are due, oldest first, locked with SKIP LOCKED so that any number of sweepers, i
 apps and in ``outbox relay`` workers, share the work without a coordinator. A row
 that fails is retried later with exponential backoff and jitter, and is marked
 ``dead`` after ``max_attempts``; a failing row never holds back the rows beside it.
-Listeners (relay.listener) hear each batch's outcomes once it is committed.
+Listeners (outbox.events.RelayListener) hear each batch's outcomes once it is committed.
 
 Delivery is at least once: if the process dies between publishing and committing
 the marks, the rows stay pending and are published again (JetStream drops the copy
@@ -20,13 +20,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine
 
 from outbox.broker import Outcome, PublishResult, permanent
+from outbox.events import Failed, RelayListener, Sent, SweepResult
 from outbox.message import Message
 from outbox.rows import KnownForms, StoredRow, stored_message
 from outbox.settings import Settings
@@ -35,27 +35,10 @@ from outbox.tracing import publish_span
 from relay import store
 from relay.batches import BatchReport
 from relay.brokers.base import NOT_CONNECTED, publish_isolated
-from relay.listener import Failed, Listeners, RelayListener, Sent
+from relay.listener import Listeners
 from relay.loop import BrokerLoop
 
 log = logging.getLogger("relay.sweeper")
-
-
-@dataclass
-class SweepResult:
-    claimed: int = 0
-    sent: int = 0
-    failed: int = 0  # scheduled for another attempt
-    dead: int = 0
-    aborted: bool = False  # the broker was unreachable: nothing was recorded
-
-    def __iadd__(self, other: SweepResult) -> SweepResult:
-        self.claimed += other.claimed
-        self.sent += other.sent
-        self.failed += other.failed
-        self.dead += other.dead
-        self.aborted = self.aborted or other.aborted
-        return self
 
 
 class Sweeper:

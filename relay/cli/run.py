@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 
 from outbox import migrate
 from outbox.errors import OutboxError
+from outbox.events import SweepResult
 from outbox.secrets import mask_url
 from relay import store
 from relay.cli.app import add_app_flag
@@ -32,7 +33,7 @@ from relay.cli.common import (
 from relay.cli.settings_flags import add_settings_flags
 from relay.cli.stopping import STOP_SIGNALS, StopSignals, exit_status, signals_blocked
 from relay.runtime import Relay
-from relay.sweeper import Sweeper, SweepResult
+from relay.sweeper import Sweeper
 
 DRAIN_PASSES = 3
 CONNECT_WAIT_S = 10.0

@@ -25,12 +25,12 @@ from sqlalchemy import Engine, create_engine, event, select, text
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, migrate, outbox_message
+from outbox.events import Path, RelayListener, Sent
 from outbox.settings import Settings
 from relay import store
 from relay.brokers import broker_for
 from relay.brokers.nats import read_stream
 from relay.cli import main as cli
-from relay.listener import Path, RelayListener, Sent
 from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper
 from relay.testing.embedded import NatsServer

@@ -26,9 +26,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import Outbox, migrate
+from outbox.events import Path as RelayPath
+from outbox.events import RelayListener, Sent
 from relay.brokers.nats import read_stream
-from relay.listener import Path as RelayPath
-from relay.listener import RelayListener, Sent
 from relay.testing.embedded import NatsServer
 from tests.helpers import unsent, wait_until
 

@@ -14,9 +14,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, migrate
+from outbox.events import Path, RelayListener, Sent
 from outbox.table import SENT
 from outbox.table import outbox_message as t
-from relay.listener import Path, RelayListener, Sent
 from relay.metrics import register
 from relay.testing.embedded import NatsServer
 

@@ -12,12 +12,12 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from outbox.broker import Outcome, PublishResult, permanent, retry
+from outbox.events import Failed, Path, Reason, RelayListener, Sent
 from outbox.message import Message, build_message
 from outbox.settings import Settings
 from relay.brokers import Broker
 from relay.brokers.base import publish_isolated
 from relay.dispatcher import Dispatcher
-from relay.listener import Failed, Path, Reason, RelayListener, Sent
 from relay.testing.faults import FaultyBroker
 from relay.testing.memory import MemoryBroker
 from tests.helpers import DispatcherWithLoop, wait_until

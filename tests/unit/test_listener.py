@@ -19,14 +19,15 @@ from sqlalchemy.exc import OperationalError
 
 from outbox import migrate
 from outbox.broker import permanent, retry
+from outbox.events import Failed, Path, Reason, RelayListener, Sent, SweepResult
 from outbox.message import Message, build_message
 from outbox.settings import Settings
 from outbox.table import DEAD, SENT
 from relay.brokers import Broker
 from relay.dispatcher import Dispatcher
-from relay.listener import Failed, Listeners, Path, Reason, RelayListener, Sent
+from relay.listener import Listeners
 from relay.loop import BrokerLoop
-from relay.sweeper import Sweeper, SweepResult
+from relay.sweeper import Sweeper
 from relay.testing.faults import FaultyBroker
 from relay.testing.memory import MemoryBroker
 from tests.helpers import DispatcherWithLoop, wait_until

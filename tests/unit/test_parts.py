@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import Engine, create_engine
 
 from outbox import migrate
+from outbox.events import Stats
 from outbox.message import build_message
 from outbox.settings import Settings
 from relay.acks import AckBatcher
@@ -21,7 +22,6 @@ from relay.dispatcher import Dispatcher
 from relay.loop import BrokerLoop
 from relay.part import Part
 from relay.runtime import Relay
-from relay.stats import Stats
 from relay.sweeper import Sweeper
 from relay.sweeper_jobs import SweeperJobs
 from relay.testing import MemoryBroker
