@@ -43,7 +43,7 @@ FROM committed
 ROLES = {
     "org.apache.spark.deploy.SparkSubmit": "driver JVM",
     "CoarseGrainedExecutorBackend": "executor JVM",
-    "reconcile.py": "driver Python",
+    "reconcile_job.py": "driver Python",
 }
 
 
@@ -113,7 +113,7 @@ def spark_run(
     window = expected["window"]
     assert isinstance(window, dict)
     cmd = [str(Path(sys.executable).with_name("spark-submit")), "--master", master]
-    cmd += ["--driver-memory", "2g", str(root / "spark_jobs" / "reconcile.py")]
+    cmd += ["--driver-memory", "2g", str(root / "spark_jobs" / "reconcile_job.py")]
     cmd += ["--ledger", str(data / "ledger"), "--broker-log", str(data / "broker")]
     cmd += ["--out", str(data / "out"), "--start", window["start"], "--end", window["end"]]
     # local-cluster starts executors with SPARK_HOME's scripts: the pip package's own.

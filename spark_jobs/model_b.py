@@ -13,13 +13,12 @@ their put-back copies, op messages, check-backs, unresolved and discarded halfs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-if TYPE_CHECKING:
-    from spark_jobs.reconcile import Window
+from spark_jobs.window import Window
 
 COUNTS = ("halfs", "half_writes", "ops", "checks", "unresolved", "discarded")
 

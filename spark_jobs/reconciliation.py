@@ -1,6 +1,6 @@
 """The reconciliation on Spark: classify every msg_id of the window, sum it up, report.
 
-``spark_jobs.reconcile`` is the job's entry (its flags, ``main`` for spark-submit and
+``spark_jobs.reconcile_job`` is the job's entry (its flags, ``main`` for spark-submit and
 ``run`` for `outbox reconcile`); this module is what it runs.
 """
 
@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 from itertools import pairwise
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-if TYPE_CHECKING:
-    from spark_jobs.reconcile import Window
+from spark_jobs.window import Window
 
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 60000)
 

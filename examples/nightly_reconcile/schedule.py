@@ -15,7 +15,7 @@ from pathlib import Path
 from examples.cli import add_db_and_broker
 from relay import export
 from relay.brokers import reader_for
-from spark_jobs import reconcile
+from spark_jobs import reconcile_job
 
 
 def run_once(db: str, broker: str, stream: str, out: Path, end: datetime | None = None) -> int:
@@ -28,7 +28,7 @@ def run_once(db: str, broker: str, stream: str, out: Path, end: datetime | None 
     # it may be delivered inside it, and must not count as a phantom.
     export.export_ledger(db, folder / "ledger.parquet", since=start - timedelta(hours=1))
     export.export_broker(reader_for(broker), [stream], folder / "broker.parquet", since=start)
-    return reconcile.main(
+    return reconcile_job.main(
         ["--ledger", str(folder / "ledger.parquet"), "--broker-log", str(folder / "broker.parquet"),
          "--out", str(folder / "report"), "--start", start.isoformat(), "--end", end.isoformat(),
          "--master", "local[*]"]

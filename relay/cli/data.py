@@ -10,7 +10,7 @@ from pathlib import Path
 from outbox.errors import OutboxError
 from relay.brokers import family_of, reader_for
 from relay.cli.common import EXIT_OK, Commands, UsageError, add_db_flag, required
-from spark_jobs import reconcile
+from spark_jobs import reconcile_job
 from spark_jobs.flags import iso_time
 
 
@@ -54,10 +54,10 @@ def add_reconcile(commands: Commands) -> None:
     rec = commands.add_parser(
         "reconcile",
         help="reconcile ledger and broker log on Spark: lost, duplicated, phantom, latency",
-        description="Run spark_jobs/reconcile.py locally (local[*]); the same file runs under "
+        description="Run spark_jobs/reconcile_job.py locally (local[*]); the same file runs under "
         "spark-submit. Exit status 2 when lost or phantom messages were found.",
     )
-    reconcile.add_arguments(rec)
+    reconcile_job.add_arguments(rec)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -99,9 +99,9 @@ def export_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    if error := reconcile.window_error(args):
+    if error := reconcile_job.window_error(args):
         raise UsageError(error)
-    return reconcile.run(args, prog="outbox reconcile")
+    return reconcile_job.run(args, prog="outbox reconcile")
 
 
 PARSERS = (add_export, add_reconcile)

@@ -27,8 +27,9 @@ from relay.compare import add_arguments, workload_of
 from relay.compare.run import RunResult, run_models
 from relay.compare.workload import Workload
 from relay.testing import NatsServer, scratch_schema
-from spark_jobs.reconcile import EXIT_DISCREPANCY, Window
+from spark_jobs.reconcile_job import EXIT_DISCREPANCY
 from spark_jobs.report import bar_chart, fmt
+from spark_jobs.window import Window
 
 ROWS = (
     ("committed", "committed (by the ledger / listener records)"),

@@ -27,8 +27,8 @@ from relay.halfop import (
     TransactionProducer,
 )
 from relay.testing.embedded import NatsServer
-from spark_jobs.reconcile import Window
 from spark_jobs.reconciliation import reconcile
+from spark_jobs.window import Window
 from tests.helpers import wait_until
 
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
@@ -140,7 +140,7 @@ def test_the_job_file_runs_under_spark_submit(tmp_path: Path) -> None:
         (blocked / name).mkdir(parents=True)
         (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is not shipped')")
     submit = [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[2]"]
-    submit += ["--py-files", archive, str(shipped / "spark_jobs" / "reconcile.py")]
+    submit += ["--py-files", archive, str(shipped / "spark_jobs" / "reconcile_job.py")]
     submit += ["--ledger", str(tmp_path / "in" / "ledger"), "--out", str(tmp_path / "out")]
     submit += ["--broker-log", str(tmp_path / "in" / "broker")]
     submit += ["--start", expected["window"]["start"], "--end", expected["window"]["end"]]

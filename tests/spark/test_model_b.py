@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
-from spark_jobs.reconcile import Window
 from spark_jobs.reconciliation import reconcile
 from spark_jobs.schema import BROKER, HALFOP_LOG, RECORDS
+from spark_jobs.window import Window
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 WINDOW = Window(T0, T0 + timedelta(hours=1), sla_s=60)

@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 
 from spark_jobs import reconciliation
 from spark_jobs.generate import Plan, generate
-from spark_jobs.reconcile import Window
+from spark_jobs.window import Window
 
 
 def reconcile(spark: SparkSession, tmp_path: Path, plan: Plan) -> tuple[dict, dict]:  # type: ignore[type-arg]

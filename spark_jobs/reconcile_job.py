@@ -8,7 +8,7 @@ broker in the window, with no ledger row at all), malformed (ledger rows without
 usable msg_id), and commit->broker latency p50/p90/p99/max.
 
 Runs locally (``outbox reconcile``) and unchanged under ``spark-submit
-spark_jobs/reconcile.py ...`` (ship the spark_jobs folder alone with ``--py-files``: it
+spark_jobs/reconcile_job.py ...`` (ship the spark_jobs folder alone with ``--py-files``: it
 imports neither outbox nor relay); tables are never collected whole into the driver,
 only the aggregates. Exit status 2 when lost or phantom > 0, for schedulers; 1 when
 the job failed (a missing input or column is found before Spark starts).
@@ -20,12 +20,11 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.flags import iso_time, without_passwords
+from spark_jobs.window import Window
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -35,17 +34,6 @@ EXIT_FAILED, EXIT_DISCREPANCY = 1, 2
 
 class JobError(Exception):
     """The job cannot finish: an input is missing or unusable, or Spark failed."""
-
-
-@dataclass(frozen=True)
-class Window:
-    start: datetime
-    end: datetime
-    sla_s: float = 60.0
-
-    @property
-    def pending_after(self) -> datetime:
-        return self.end - timedelta(seconds=self.sla_s)
 
 
 def check_inputs(ledger: str, broker_log: str, halfop_log: str | None, out: str) -> None:
@@ -141,7 +129,7 @@ def window_error(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """spark-submit spark_jobs/reconcile.py --ledger ... (the same flags as `outbox reconcile`)."""
+    """`spark-submit spark_jobs/reconcile_job.py --ledger ...`: `outbox reconcile`'s flags."""
     parser = argparse.ArgumentParser(
         prog="reconcile", description=__doc__.splitlines()[0] if __doc__ else None
     )
