@@ -32,9 +32,11 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # The layers (pyproject's [tool.importlinter]): outbox never imports relay but for
-# Outbox.start(); spark_jobs imports neither.
+# Outbox.start(); spark_jobs imports neither. Then no import cycle between any two
+# modules. Both count the imports under TYPE_CHECKING and inside functions.
 imports: $(STAMP)
 	$(VENV)/bin/lint-imports
+	$(PY) scripts/import_cycles.py
 
 check: lint typecheck imports
 
