@@ -43,7 +43,6 @@ if TYPE_CHECKING:  # types only: the relay itself is imported by start(), asynci
         async_sessionmaker,
     )
 
-    from outbox.events import RelayListener, Stats
     from relay.runtime import Relay
 
     AnySession = (
