@@ -111,7 +111,7 @@ class NatsBroker(Broker, LogReader):
         self._awaited: dict[str, tuple[_Batch, int]] = {}  # token -> (batch, index in it)
 
     async def connect(self) -> None:
-        self._nc = await nats.connect(
+        nc = await nats.connect(
             servers=[self.url],
             name="outbox-relay",
             connect_timeout=2,
@@ -121,16 +121,20 @@ class NatsBroker(Broker, LogReader):
             disconnected_cb=self._on_disconnected,
             reconnected_cb=self._on_reconnected,
         )
-        self._js = self._nc.jetstream(timeout=self.timeout)
+        self._js = nc.jetstream(timeout=self.timeout)
         try:
             # One subscription for every ack; nats-py subscribes it again on reconnect.
-            self._inbox = self._nc.new_inbox() + "."
-            await self._nc.subscribe(self._inbox + "*", cb=self._on_ack)
+            self._inbox = nc.new_inbox() + "."
+            await nc.subscribe(self._inbox + "*", cb=self._on_ack)
             if self.stream:
                 await self.ensure_stream(self.stream, self.subjects)
         except BaseException:
+            self._nc = nc
             await self.close()  # the next connect() starts clean: no leaked connection
             raise
+        # Publishes see the connection only now: one sent before its stream exists would
+        # be refused for good ("no stream captures subject"), not retried.
+        self._nc = nc
 
     async def ensure_stream(self, name: str, subjects: list[str]) -> None:
         """Create the stream if missing; an existing one is left as it is."""

@@ -96,6 +96,39 @@ def test_a_subject_no_stream_captures_is_permanent(
     asyncio.run(main())
 
 
+def test_a_publish_while_the_stream_is_being_made_is_retried_not_refused(
+    nats_server: NatsServer, stream: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection is up before the adapter's stream exists: a publish in between
+    (the fast path's first, on a loaded machine) must come back "retry", not "no stream
+    captures subject" (permanent: left to a sweeper, out of order)."""
+
+    async def main() -> None:
+        broker = NatsBroker(url(nats_server.url, stream))
+        making, release = asyncio.Event(), asyncio.Event()
+        real = broker.ensure_stream
+
+        async def slow_ensure(name: str, subjects: list[str]) -> None:
+            making.set()
+            await release.wait()
+            await real(name, subjects)
+
+        monkeypatch.setattr(broker, "ensure_stream", slow_ensure)
+        connecting = asyncio.create_task(broker.connect())
+        await asyncio.wait_for(making.wait(), 10)
+        [early] = await broker.publish(messages(stream[1], 1))
+        assert (early.outcome, early.error) == (Outcome.RETRY, NOT_CONNECTED)
+        release.set()
+        await connecting
+        try:
+            [later] = await broker.publish(messages(stream[1], 1))
+            assert later.ok
+        finally:
+            await broker.close()
+
+    asyncio.run(main())
+
+
 def test_an_ack_after_the_batch_timeout_is_ignored(
     nats_server: NatsServer, stream: tuple[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
