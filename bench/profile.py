@@ -5,7 +5,7 @@ collapsed stacks per thread (share of samples per function, self and inclusive).
         python -m bench.profile run --rate 1000 --seconds 10
     python -m bench.profile summary /tmp/fast.txt
 
-The app threads, the relay loop (``outbox-relay``) and its DB threads (``outbox-acks``,
+The app threads, the broker loop (``outbox-relay``) and its DB threads (``outbox-acks``,
 ``outbox-verify``) appear as separate threads; idle samples (waiting in epoll, a lock or
 the database) are left out of the shares unless ``--idle`` is given.
 """

@@ -15,6 +15,17 @@ from typing import Protocol, runtime_checkable
 
 from outbox.message import Message
 
+# The one table of product broker URL schemes: scheme -> broker family (the adapter module
+# in relay.brokers and the extra that installs its client). Test doubles have no scheme.
+BROKER_SCHEMES = {
+    "nats": "nats",
+    "tls": "nats",
+    "amqp": "rabbitmq",
+    "amqps": "rabbitmq",
+    "redis": "redis",
+    "rediss": "redis",
+}
+
 
 class Outcome(enum.Enum):
     OK = "ok"

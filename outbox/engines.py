@@ -14,9 +14,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from outbox import aio
+from outbox.broker import BROKER_SCHEMES
 from outbox.errors import ConfigError
 from outbox.names import check_name
-from outbox.secrets import BROKER_SCHEMES, mask_url
+from outbox.secrets import mask_url
 from outbox.settings import CONNECT_TIMEOUT_S
 from outbox.target import connect_params, libpq_escape, libpq_words, search_path_setting
 

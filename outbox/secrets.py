@@ -14,16 +14,8 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-# The one table of product broker URL schemes: scheme -> broker family (the adapter module
-# in relay.brokers and the extra that installs its client). Test doubles have no scheme.
-BROKER_SCHEMES = {
-    "nats": "nats",
-    "tls": "nats",
-    "amqp": "rabbitmq",
-    "amqps": "rabbitmq",
-    "redis": "redis",
-    "rediss": "redis",
-}
+from outbox.broker import BROKER_SCHEMES
+
 MIN_SCRUBBED = 3  # shorter "secrets" would garble every message they are scrubbed from
 RESERVED = re.compile(r"[:/?#\[\]@!$&'()*+,;=%\s]+")  # URL delimiters, and space
 USER_SCHEMES = ("amqp", "amqps", "redis", "rediss")  # userinfo: a user name, then a password

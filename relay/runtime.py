@@ -8,9 +8,12 @@ the reverse order, within one deadline:
 - the metrics server, first up and last down (it only reads the others);
 - ``BrokerLoop`` (relay.loop): the thread that owns the broker connection; the fast
   path and the sweeper publish through it, so it starts first and stops last;
-- ``Dispatcher`` (relay.dispatcher), the fast path, with its ``AckBatcher``;
 - ``Sweeper`` (relay.sweeper) and ``SweeperJobs`` (relay.sweeper_jobs), which call it
-  on a schedule (the sweeper duty) with the retention purge.
+  on a schedule (the sweeper duty) with the retention purge;
+- ``Dispatcher`` (relay.dispatcher), the fast path, with its ``AckBatcher``: up last,
+  down first, so that at stop it has the whole deadline for the publishes and acks it
+  holds (acked but unmarked rows would be published again) and takes no new commits
+  while a sweep finishes.
 
 Every part, and the Relay, keeps relay.part's contract: ``start()``, ``stop(timeout)
 -> bool``, both idempotent and safe from any thread.
@@ -122,7 +125,7 @@ class Relay(Lifecycle):
 
     def _stop(self, timeout: float) -> bool:
         """The parts in reverse order, within ``timeout`` in all: the fast path finishes
-        its publishes and acks, a sweep in hand its batch, then the broker loop closes.
+        its publishes and acks, then a sweep in hand its batch, then the broker loop closes.
         False when one of them did not finish in time (what it held stays pending)."""
         deadline = time.monotonic() + timeout
         finished = True
@@ -135,9 +138,9 @@ class Relay(Lifecycle):
         parts: list[Part | None] = [
             self._metrics,
             self.broker_loop,
-            self.dispatcher,
             self.sweeper,
             self.jobs,
+            self.dispatcher,
         ]
         return [part for part in parts if part is not None]
 

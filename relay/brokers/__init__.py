@@ -1,6 +1,6 @@
 """Broker adapters behind one pair of protocols; the URL's scheme picks the adapter.
 
-``outbox.secrets.BROKER_SCHEMES`` is the one table of schemes (the app checks URLs
+``outbox.broker.BROKER_SCHEMES`` is the one table of schemes (the app checks URLs
 against it without importing the relay); it names each scheme's family, which is
 both the adapter module here and the extra that installs its client. Each adapter
 class works both ways (``outbox.broker``): it publishes (``Broker``) and reads the
@@ -13,10 +13,9 @@ import importlib
 from typing import Any
 from urllib.parse import urlsplit
 
-from outbox.broker import Broker, LogEntry, LogReader, Outcome, PublishResult
+from outbox.broker import BROKER_SCHEMES, Broker, LogEntry, LogReader, Outcome, PublishResult
 from outbox.engines import check_broker_url
 from outbox.errors import ConfigError
-from outbox.secrets import BROKER_SCHEMES
 
 __all__ = [
     "Broker",

@@ -49,11 +49,7 @@ def metavar(f: Field[Any]) -> str:
 def add_settings_flags(parser: argparse.ArgumentParser, names: Iterable[str] | None = None) -> None:
     """A flag per Settings field (``names`` only, if given) that ``parser`` lacks yet."""
     offered = list(parser.get_default("settings_fields") or [])
-    group = parser.add_argument_group(
-        "settings",
-        "one flag per field of outbox.settings.Settings (docs/configuration.md); "
-        "a flag wins over --app, $OUTBOX_<FIELD> and the default",
-    )
+    group = settings_group(parser)
     wanted = None if names is None else set(names)
     for f in fields(Settings):
         if f.name in offered or (wanted is not None and f.name not in wanted):
@@ -71,6 +67,18 @@ def add_settings_flags(parser: argparse.ArgumentParser, names: Iterable[str] | N
                 help = f"{flag_names(f)[0]} in days (an older spelling)"
                 group.add_argument(flag, dest=dest_of(flag), metavar="DAYS", help=help)
     parser.set_defaults(settings_fields=offered)
+
+
+def settings_group(parser: argparse.ArgumentParser) -> Any:
+    """The parser's one "settings" section of --help (--db's connect timeout opens it)."""
+    for group in parser._action_groups:  # argparse offers no lookup by title
+        if group.title == "settings":
+            return group
+    return parser.add_argument_group(
+        "settings",
+        "one flag per field of outbox.settings.Settings (docs/configuration.md); "
+        "a flag wins over --app, $OUTBOX_<FIELD> and the default",
+    )
 
 
 def dest_of(flag: str) -> str:

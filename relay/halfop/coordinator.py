@@ -35,6 +35,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
+from relay.brokers.nats import DEDUP_HEADER
 from relay.halfop.link import ensure_streams
 from relay.halfop.protocol import (
     BORN_TIMESTAMP,
@@ -261,7 +262,7 @@ class Coordinator:
         headers = {
             k: v for k, v in half.headers.items() if k not in SYSTEM_PROPERTIES and k != UNIQ_KEY
         }
-        headers["Nats-Msg-Id"] = half.headers.get(UNIQ_KEY, "")  # a second commit is dropped
+        headers[DEDUP_HEADER] = half.headers.get(UNIQ_KEY, "")  # a second commit is dropped
         real_topic = half.headers.get(REAL_TOPIC)
         if not real_topic:
             raise ValueError(f"half {half.offset} has no {REAL_TOPIC}")

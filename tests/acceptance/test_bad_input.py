@@ -27,8 +27,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from outbox import Outbox, migrate
+from outbox.broker import BROKER_SCHEMES
 from outbox.errors import ConfigError
-from outbox.secrets import BROKER_SCHEMES
 from relay.brokers import broker_for
 from relay.brokers.nats import create_stream, read_stream
 from relay.halfop import CHECK_MAX_TOPIC, HALF_TOPIC, TransactionProducer

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from outbox import aio
-from outbox.secrets import BROKER_SCHEMES
+from outbox.broker import BROKER_SCHEMES
 from relay.cli import EXTRA_OF
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,12 +4,15 @@ the fast path and the sweeper alike, with no broker server (docs/testing.md)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
 from sqlalchemy.orm import Session
 
 from outbox import Outbox
+from outbox.broker import PublishResult, ok
 from outbox.errors import ConfigError
+from outbox.message import Message
 from relay.testing import MemoryBroker
 from tests.helpers import migrated, unsent, wait_until
 
@@ -64,3 +67,34 @@ def test_an_object_broker_is_shown_by_its_class_and_a_non_broker_is_refused(
     assert "broker='<MemoryBroker>'" in repr(ob)
     with pytest.raises(ConfigError, match="broker: must be a URL or a Broker object"):
         Outbox(sqlite_url, broker=object())  # type: ignore[arg-type]
+
+
+class DuckBroker:
+    """A user's own broker: the three methods, no base class."""
+
+    def __init__(self) -> None:
+        self.published: list[str] = []
+
+    async def connect(self) -> None:
+        pass
+
+    async def publish(self, messages: Sequence[Message]) -> list[PublishResult]:
+        self.published += [m.msg_id for m in messages]
+        return [ok(f"duck:{len(self.published)}") for _ in messages]
+
+    async def close(self) -> None:
+        pass
+
+
+def test_a_broker_class_of_the_users_own_needs_no_base_class(sqlite_url: str) -> None:
+    broker = DuckBroker()
+    with migrated(sqlite_url):
+        ob = Outbox(sqlite_url, broker=broker)
+        ob.start()
+        try:
+            with Session(ob.engine) as session, session.begin():
+                msg_id = ob.send(session, "orders.created", {"n": 1})
+            wait_until(lambda: unsent(sqlite_url) == 0, what="the row marked sent")
+        finally:
+            ob.stop()
+    assert broker.published == [msg_id]

@@ -9,6 +9,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine
@@ -168,6 +169,29 @@ def test_a_relay_stops_the_parts_it_started_when_one_fails_to_start(engine: Engi
         relay.start()
     assert not relay.running and not relay.broker_loop.running
     wait_until(lambda: {th.ident for th in threading.enumerate()} <= before, 10, "threads gone")
+
+
+def test_a_relay_stops_the_fast_path_first_and_the_broker_loop_last(engine: Engine) -> None:
+    """The fast path gets the whole deadline for what it holds (acked rows not yet
+    marked would be published again), and the loop outlives everything publishing."""
+    relay = Relay(engine, MemoryBroker(), FAST)
+    assert relay.dispatcher is not None and relay.jobs is not None
+    parts = {"dispatcher": relay.dispatcher, "jobs": relay.jobs, "sweeper": relay.sweeper,
+             "broker_loop": relay.broker_loop}  # fmt: skip
+    stopped: list[tuple[str, float]] = []
+    for name, part in parts.items():
+        real = part.stop
+
+        def record(timeout: float = 5.0, name: str = name, real: Any = real) -> bool:
+            stopped.append((name, timeout))
+            return bool(real(timeout))
+
+        part.stop = record  # type: ignore[method-assign]
+    relay.start()
+    assert relay.stop(5) is True
+    order = list(dict.fromkeys(name for name, _ in stopped))  # the jobs stop their sweeper too
+    assert order == ["dispatcher", "jobs", "sweeper", "broker_loop"]
+    assert stopped[0][1] > 4.9  # the whole deadline
 
 
 ASSEMBLED = {"BrokerLoop", "Dispatcher", "AckBatcher", "SweeperJobs", "Sweeper"}
