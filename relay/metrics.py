@@ -1,7 +1,9 @@
 """Prometheus metrics of the relay (optional: ``pip install outbox-relay[metrics]``).
 
 The counters come from a listener (outbox.events.RelayListener) the relay calls once per batch;
-the two gauges are read when Prometheus scrapes.
+the fast path's gauges are read when Prometheus scrapes. The table's gauges (backlog, for
+alerts) come from one GROUP BY query, cached ``BACKLOG_CACHE_S``, whatever the number of
+scrapes or gauges: ``outbox relay`` serves them; ``register(ob, backlog=True)`` in an app.
 
 In an app::
 
@@ -16,12 +18,19 @@ Metrics: ``outbox_messages_sent_total{path}``, ``outbox_messages_retried_total{p
 fast path holds, at most ``queue_size``), ``outbox_queue_depth``,
 ``outbox_timewheel_size``, ``outbox_commit_to_ack_seconds`` (histogram),
 ``outbox_sweep_batch_size`` and ``outbox_sweep_duration_seconds`` (histograms).
+Backlog, per topic: ``outbox_pending_messages{topic}``, ``outbox_dead_messages{topic}``,
+``outbox_oldest_pending_age_seconds{topic}`` (since the row was due: created, requeued, or
+its retry time after a failed attempt; 0 while it waits out a backoff), and
+``outbox_backlog_up`` (0 when the last query failed; the three are then left out).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
@@ -35,11 +44,20 @@ from prometheus_client.registry import Collector
 
 from outbox.events import REASONS, Failed, Path, Reason, RelayListener, Sent, SweepResult
 from outbox.forks import after_fork_in_child
+from outbox.secrets import mask_url
+from relay import store
 from relay.stats import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS_S, SWEEP_BUCKETS_S, Histogram
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
     from relay.dispatcher import Dispatcher
     from relay.sweeper_jobs import SweeperJobs
+
+log = logging.getLogger("relay.metrics")
+
+# The backlog query runs at most once per this many seconds, for every scrape in between.
+BACKLOG_CACHE_S = 5.0
 
 # Why messages left the fast path: the hook's reasons, and rejected (a hook of its own).
 LEFT_REASONS = (*REASONS, "rejected")
@@ -57,6 +75,9 @@ class Watched(Protocol):
 
     @property
     def jobs(self) -> SweeperJobs | None: ...
+
+    @property
+    def engine(self) -> Engine: ...
 
     def add_listener(self, listener: RelayListener) -> None: ...
 
@@ -184,6 +205,79 @@ def sweeper_metrics(counts: RelayCounts) -> list[Metric]:
     ]
 
 
+class Backlog(Collector):
+    """The table's state per topic, for alerts: one query per ``cache_s`` however often
+    Prometheus (or several) scrape. A topic once seen stays, at 0, when its rows are gone."""
+
+    def __init__(self, engine: Engine, cache_s: float = BACKLOG_CACHE_S) -> None:
+        self.engine = engine
+        self.cache_s = cache_s
+        self.lock = threading.Lock()
+        after_fork_in_child(self, Backlog._new_lock)
+        self.read_at: float | None = None
+        self.topics: dict[str, tuple[int, float, int]] = {}  # pending, oldest age, dead
+        self.up = True
+
+    def _new_lock(self) -> None:
+        self.lock = threading.Lock()
+
+    def collect(self) -> list[Metric]:
+        with self.lock:  # scrapes side by side wait for the one query
+            now = time.monotonic()
+            if self.read_at is None or now - self.read_at >= self.cache_s:
+                self.refresh()
+                self.read_at = now
+            return backlog_metrics(self.topics, self.up)
+
+    def refresh(self) -> None:
+        try:
+            with self.engine.connect() as conn:
+                db_now = store.db_clock(conn)
+                rows = store.backlog_by_topic(conn)
+        except Exception as exc:  # a scrape must answer: the database down is a value
+            if self.up:  # once per outage, not per scrape
+                log.warning("metrics: backlog query on %s failed: %s",
+                            mask_url(self.engine.url), exc)  # fmt: skip
+            self.up = False
+            return
+        if not self.up:
+            log.info("metrics: backlog query works again")
+        self.up = True
+        self.topics = dict.fromkeys(self.topics, (0, 0.0, 0))
+        for row in rows:
+            age = age_s(db_now, row.oldest_pending) if row.oldest_pending is not None else 0.0
+            self.topics[row.topic] = (int(row.pending), age, int(row.dead))
+
+
+def age_s(now: datetime, then: datetime) -> float:
+    """Seconds since ``then``; 0 for a time still to come (a retry's backoff)."""
+    return max(0.0, (now - then).total_seconds())
+
+
+def backlog_metrics(topics: dict[str, tuple[int, float, int]], up: bool) -> list[Metric]:
+    families: list[Metric] = [
+        GaugeMetricFamily(
+            "outbox_backlog_up", "1 when the last backlog query succeeded", value=int(up)
+        )
+    ]
+    if not up:
+        return families
+    pending = GaugeMetricFamily(
+        "outbox_pending_messages", "Rows waiting to be published", labels=["topic"]
+    )
+    oldest = GaugeMetricFamily(
+        "outbox_oldest_pending_age_seconds",
+        "How long the oldest pending row has been due (since created, requeued or retry time)",
+        labels=["topic"],
+    )
+    dead = GaugeMetricFamily("outbox_dead_messages", "Rows given up on", labels=["topic"])
+    for topic, (count, age, dead_count) in sorted(topics.items()):
+        pending.add_metric([topic], count)
+        oldest.add_metric([topic], age)
+        dead.add_metric([topic], dead_count)
+    return [*families, pending, oldest, dead]
+
+
 def histogram(name: str, documentation: str, source: Histogram) -> HistogramMetricFamily:
     buckets = source.cumulative()
     return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=source.sum)
@@ -196,15 +290,26 @@ class App(Protocol):
     @property
     def relay(self) -> Watched | None: ...
 
+    @property
+    def engine(self) -> Engine: ...
+
     def add_listener(self, listener: RelayListener) -> None: ...
 
 
-def register(ob: App, registry: CollectorRegistry = REGISTRY) -> OutboxCollector:
-    """Expose ``ob``'s relay in ``registry`` (it follows ob.start()/stop())."""
+def register(
+    ob: App, registry: CollectorRegistry = REGISTRY, backlog: bool = False
+) -> OutboxCollector:
+    """Expose ``ob``'s relay in ``registry`` (it follows ob.start()/stop()).
+
+    ``backlog``: the table's gauges too (a query per scrape interval from each process
+    that registers them: one per deployment is enough, and ``outbox relay`` has them).
+    """
     counts = RelayCounts()
     ob.add_listener(counts)
     collector = OutboxCollector(lambda: ob.relay, counts)
     registry.register(collector)
+    if backlog:
+        registry.register(Backlog(ob.engine))
     return collector
 
 
@@ -218,5 +323,6 @@ def serve(relay: Watched, port: int, addr: str = "0.0.0.0") -> Any:
     relay.add_listener(counts)
     registry = CollectorRegistry()
     registry.register(OutboxCollector(lambda: relay, counts))
+    registry.register(Backlog(relay.engine))
     server, _ = start_http_server(port, addr=addr, registry=registry)
     return server

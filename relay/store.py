@@ -255,7 +255,7 @@ def status_by_topic(conn: Connection, now: datetime) -> list[dict[str, Any]]:
         select(
             t.c.topic,
             count_if(t.c.status == PENDING).label("pending"),
-            func.min(case((t.c.status == PENDING, t.c.created_at))).label("oldest_pending"),
+            func.min(case((t.c.status == PENDING, waiting_since()))).label("oldest_pending"),
             count_if(t.c.status == DEAD).label("dead"),
             count_if(and_(t.c.status == SENT, t.c.sent_at >= now - timedelta(minutes=1))).label(
                 "sent_1m"
@@ -268,6 +268,33 @@ def status_by_topic(conn: Connection, now: datetime) -> list[dict[str, Any]]:
         .order_by(t.c.topic)
     )
     return [dict(row._mapping) for row in conn.execute(query)]
+
+
+def waiting_since() -> Any:
+    """When a pending row last became due: its requeue or its failed attempt's retry time
+    (``next_attempt_at``), else its creation. An age from this does not count the time
+    before a requeue, nor a backoff the relay chose (it is negative while one runs)."""
+    return func.coalesce(t.c.next_attempt_at, t.c.created_at)
+
+
+def backlog_by_topic(conn: Connection) -> list[Any]:
+    """-- backlog -- per topic with pending or dead rows: pending, oldest waiting_since
+    of the pending rows, dead. One query, for /metrics."""
+
+    def count_if(condition: Any) -> Any:
+        return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
+
+    query = (
+        select(
+            t.c.topic,
+            count_if(t.c.status == PENDING).label("pending"),
+            func.min(case((t.c.status == PENDING, waiting_since()))).label("oldest_pending"),
+            count_if(t.c.status == DEAD).label("dead"),
+        )
+        .where(t.c.status.in_((PENDING, DEAD)))  # sent rows (the retained ledger) not read
+        .group_by(t.c.topic)
+    )
+    return list(conn.execute(query))
 
 
 def requeue_stmt(dead_only: bool, topic: str | None, msg_ids: Sequence[str]) -> Update:
@@ -288,7 +315,7 @@ def requeue_stmt(dead_only: bool, topic: str | None, msg_ids: Sequence[str]) -> 
         .values(
             status=PENDING,
             attempts=0,
-            next_attempt_at=None,
+            next_attempt_at=db_now(),  # due now; an age since it waits (waiting_since)
             last_error=None,
             sent_at=None,
             receipt=None,

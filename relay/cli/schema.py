@@ -105,9 +105,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def age_seconds(now: datetime, then: datetime) -> float:
+    """Seconds from ``then`` to ``now``; 0 for a time to come (a row waiting out a backoff)."""
     if then.tzinfo is None:
         then = then.replace(tzinfo=now.tzinfo)
-    return (now - then).total_seconds()
+    return max(0.0, (now - then).total_seconds())
 
 
 def print_status(topics: list[dict[str, Any]], totals: dict[str, Any]) -> None:

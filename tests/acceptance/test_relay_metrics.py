@@ -32,7 +32,7 @@ def test_worker_serves_metrics_of_what_it_swept(
     pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
 ) -> None:
     name, prefix = stream
-    seed(pg_url, ["pending"] * 300, topic=f"{prefix}.orders")
+    seed(pg_url, ["pending"] * 300 + ["dead"], topic=f"{prefix}.orders")
     engine = create_engine(pg_url, poolclass=NullPool)
     with engine.begin() as conn:  # old enough for the sweeper (10 s by default)
         conn.execute(update(t).values(created_at=t.c.created_at - text("interval '1 minute'")))
@@ -51,6 +51,9 @@ def test_worker_serves_metrics_of_what_it_swept(
         # again (at least once), so swept may pass 300; each row is marked sent once.
         wait_until(lambda: metrics(port).get(SENT) == 300, timeout=60,
                    what="/metrics to show the sweep")  # fmt: skip
+        pending = f'outbox_pending_messages{{topic="{prefix}.orders"}}'
+        wait_until(lambda: metrics(port).get(pending) == 0, timeout=30,
+                   what="the backlog gauge to reach 0")  # fmt: skip
         samples = metrics(port)
     finally:
         worker.send_signal(signal.SIGTERM)
@@ -58,6 +61,8 @@ def test_worker_serves_metrics_of_what_it_swept(
     assert worker.returncode == 0, log
     assert samples["outbox_messages_swept_total"] >= 300
     assert samples["outbox_messages_dead_total"] == 0
+    assert samples["outbox_backlog_up"] == 1
+    assert samples[f'outbox_dead_messages{{topic="{prefix}.orders"}}'] == 1
     assert samples["outbox_sweep_batch_size_sum"] == samples["outbox_messages_swept_total"]
     assert samples["outbox_sweep_duration_seconds_count"] >= 1
     assert "outbox_queue_depth" not in samples  # a worker has no fast path
