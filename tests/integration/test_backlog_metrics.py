@@ -47,7 +47,9 @@ def send(engine: Engine, topic: str, n: int) -> list[str]:
 
 def set_status(engine: Engine, msg_ids: list[str], **values: Any) -> None:
     with engine.begin() as conn:
-        conn.execute(update(t).where(t.c.msg_id.in_([uuid.UUID(m) for m in msg_ids])).values(**values))
+        conn.execute(
+            update(t).where(t.c.msg_id.in_([uuid.UUID(m) for m in msg_ids])).values(**values)
+        )
 
 
 def age_rows(engine: Engine, minutes: int) -> None:
