@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -89,6 +90,9 @@ def add_drain(commands: Commands) -> None:
         "--concurrency", type=positive_int, default=2, help="sweeps side by side (default 2)"
     )
     add_stop_timeout_flag(drn)
+    drn.add_argument(
+        "--json", action="store_true", help="print the summary as one JSON document on stdout"
+    )
     add_app_flag(drn)
     add_settings_flags(drn)
 
@@ -177,7 +181,7 @@ def drain(args: argparse.Namespace, stop: StopSignals) -> int:
             relay.stop(2.0)
             engine.dispose()
             if stop.received:
-                return report_drain(SweepResult(), total, 0.0, stop.received)
+                return report_drain(SweepResult(), total, 0.0, stop.received, as_json=args.json)
             raise OutboxError(f"broker {mask_url(args.broker)} unreachable; nothing was touched")
     sweeper = relay.sweeper
     progress = Progress(total) if sys.stderr.isatty() else None
@@ -190,13 +194,13 @@ def drain(args: argparse.Namespace, stop: StopSignals) -> int:
         progress.close()
     seconds = time.monotonic() - started
     if not finished:  # a batch's transaction is open: exiting rolls it back (rows pending)
-        exit_now(report_drain(sweeper.totals, total, seconds, stopped_by, late=True))
+        exit_now(report_drain(sweeper.totals, total, seconds, stopped_by, True, args.json))
     try:
         result = work.result()
     finally:
         relay.stop(2.0)
         engine.dispose()
-    return report_drain(result, total, seconds, stopped_by)
+    return report_drain(result, total, seconds, stopped_by, as_json=args.json)
 
 
 def backlog(args: argparse.Namespace) -> tuple[Engine, int]:
@@ -256,7 +260,12 @@ def await_drain(
 
 
 def report_drain(
-    result: SweepResult, total: int, seconds: float, stopped_by: int | None, late: bool = False
+    result: SweepResult,
+    total: int,
+    seconds: float,
+    stopped_by: int | None,
+    late: bool = False,
+    as_json: bool = False,
 ) -> int:
     """Print the summary line; the exit status (128 + the signal when one stopped it)."""
     if stopped_by is not None:
@@ -264,15 +273,35 @@ def report_drain(
         why += "; stop timeout passed: the batches in flight stay pending)" if late else ")"
     else:
         why = " (stopped: broker unreachable)" if result.aborted else ""
-    print(
-        f"drained: sent={result.sent} retry_later={result.failed} dead={result.dead}",
-        f"of {total} pending in {seconds:.2f} s ({result.sent / max(seconds, 1e-9):,.0f} msg/s)"
-        + why,
-    )
+    if as_json:
+        print(json.dumps(drain_document(result, total, seconds, stopped_by, late)))
+    else:
+        print(
+            f"drained: sent={result.sent} retry_later={result.failed} dead={result.dead}",
+            f"of {total} pending in {seconds:.2f} s ({result.sent / max(seconds, 1e-9):,.0f} msg/s)"
+            + why,
+        )
     if stopped_by is not None:
         return exit_status(stopped_by)
     ok = result.failed == 0 and result.dead == 0 and not result.aborted
     return EXIT_OK if ok else EXIT_FAILED
+
+
+def drain_document(
+    result: SweepResult, total: int, seconds: float, stopped_by: int | None, late: bool
+) -> dict[str, object]:
+    """``drain --json``: the summary line's figures, and why it stopped early (or null)."""
+    stopped = signal.Signals(stopped_by).name if stopped_by is not None else None
+    return {
+        "sent": result.sent,
+        "retry_later": result.failed,
+        "dead": result.dead,
+        "pending_at_start": total,
+        "seconds": round(seconds, 3),
+        "stopped_by": stopped,
+        "stop_timeout_passed": late,
+        "broker_unreachable": result.aborted,
+    }
 
 
 class Background(threading.Thread):

@@ -62,6 +62,7 @@ def add_requeue(commands: Commands) -> None:
         metavar="MSG_ID",
         help="these msg_ids",
     )
+    req.add_argument("--json", action="store_true", help='print {"requeued": N} on stdout instead')
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -131,7 +132,7 @@ def cmd_requeue(args: argparse.Namespace) -> int:
             count = store.requeue(conn, args.dead, args.topic, args.ids)
     finally:
         engine.dispose()
-    print(f"requeued {count} message(s)")
+    print(json.dumps({"requeued": count}) if args.json else f"requeued {count} message(s)")
     return EXIT_OK
 
 
