@@ -187,8 +187,9 @@ def main() -> None:
     add_db_and_broker(parser)
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args()
+    # INFO: uvicorn's start-up lines say where it listens; no line per request.
     uvicorn.run(create_app(args.db, args.broker), host="127.0.0.1", port=args.port,
-                log_level="warning")  # fmt: skip
+                log_level="info", access_log=False)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ def service(pg_url: str, nats_server: NatsServer, stream: tuple[str, str]) -> It
         output, _ = server.communicate(timeout=30)
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it: -15.
     assert server.returncode in (0, -15) and "Traceback" not in output, output
+    assert f"Uvicorn running on {base}" in output  # it says where it listens
+    assert "POST /inbound" not in output  # and logs no line per request
 
 
 def answers(base: str) -> bool:
