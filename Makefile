@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
+DEMO_STAMP := $(VENV)/.installed-demo
 SERVICES := postgres mariadb rabbitmq redis
 JDBC_JAR := /usr/share/java/postgresql.jar
 
@@ -40,7 +41,14 @@ imports: $(STAMP)
 
 check: lint typecheck imports
 
-demo: $(STAMP)
+# Only what the demo needs (the `demo` extra): the test, check and bench targets add the rest.
+$(DEMO_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[demo]'
+	touch $@
+
+demo: $(DEMO_STAMP)
 	$(PY) -m examples.demo
 
 clean:

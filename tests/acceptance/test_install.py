@@ -11,6 +11,7 @@ pip installs from the machine's configured mirrors and cache, three cases at a t
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -32,7 +33,7 @@ PROBE = Path(__file__).with_name("install_probe.py")
 EXTRAS = set(
     tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 )
-CHECKOUT_ONLY = {"dev", "bench", "peers"}  # the checkout's make targets, not for users
+CHECKOUT_ONLY = {"dev", "bench", "peers", "demo"}  # the checkout's make targets, not for users
 USER_EXTRAS = EXTRAS - CHECKOUT_ONLY
 PIP_LINE = re.compile(r"outbox-relay\[([^\]]*)\]")
 INSTALL_TIMEOUT_S = 600  # a cold pip cache downloads pyspark (~300 MB)
@@ -155,3 +156,20 @@ def probe(venv: Path, extras: tuple[str, ...], tmp_path: Path) -> None:
     )  # fmt: skip
     assert probed.returncode == 0, probed.stdout + probed.stderr
     assert "probe ok" in probed.stdout
+
+
+def test_the_demo_runs_with_only_the_demo_extra(wheel: Path, tmp_path: Path) -> None:
+    """`make demo` installs the `demo` extra alone: the demo must need nothing more."""
+    venv = install(wheel, tmp_path / "demo-venv", ("demo",))
+    demo = shutil.copy(ROOT / "examples" / "demo.py", tmp_path)  # away from the checkout's code
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in ("OUTBOX_DB", "OUTBOX_BROKER")}
+        done = subprocess.run(
+            [venv / "bin" / "python", "-I", demo, "--requests", "50"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "first message at the broker" in done.stdout
+        assert not list(venv.glob("lib/python*/site-packages/pyspark")), "the demo pulled in Spark"
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
