@@ -170,7 +170,25 @@ def create_app(db: str, broker: str, **options: Any) -> Flask:
         stats = ob.stats
         return jsonify(relay="up" if stats is not None else "down")
 
+    serve_metrics(app, ob)
     return app
+
+
+def serve_metrics(app: Flask, ob: Outbox) -> None:
+    """``GET /metrics``: this process's relay in Prometheus' format (with the metrics
+    extra): what the app's own fast path published, which no worker sees."""
+    try:
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        from relay.metrics import register
+    except ImportError:  # installed without [metrics]: no /metrics
+        return
+    registry = CollectorRegistry()
+    register(ob, registry)
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
 
 
 def served_by(response: Response) -> Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.error
@@ -61,6 +62,19 @@ def test_a_delivery_is_recorded_and_announced_once(
     assert message.msg_id == body["msg_id"] and message.subject == "warehouse.inbound"
     assert json.loads(message.data) == {"id": body["id"], "sku": "A-100", "quantity": 12}
     assert message.headers["Outbox-Key"] == "A-100" and rows(pg_url) == 1
+
+
+def test_metrics_show_what_the_apps_own_relay_published(app: Flask) -> None:
+    """The README's example: right after a request, /metrics counts the fast path's send."""
+    client = app.test_client()
+    assert client.post("/inbound", json={"sku": "A-7", "quantity": 3}).status_code == 201
+
+    def sent_fast() -> float:
+        text = client.get("/metrics").get_data(as_text=True)
+        found = re.search(r'^outbox_messages_sent_total\{path="fast"\} (\S+)$', text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    wait_until(lambda: sent_fast() == 1.0, what="sent_total{path=fast} 1.0")
 
 
 @pytest.mark.parametrize(
