@@ -245,11 +245,13 @@ def purge_sent(conn: Connection, older_than: datetime, limit: int) -> int:
     return conn.execute(delete(t).where(t.c.id.in_(ids), t.c.status == SENT)).rowcount
 
 
+def count_if(condition: Any) -> Any:
+    """How many rows of the group meet ``condition`` (0, never NULL)."""
+    return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
+
+
 def status_by_topic(conn: Connection, now: datetime) -> list[dict[str, Any]]:
     """-- status -- per topic: pending, oldest pending, dead, sent in the last minute/hour."""
-
-    def count_if(condition: Any) -> Any:
-        return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
 
     query = (
         select(
@@ -280,9 +282,6 @@ def waiting_since() -> Any:
 def backlog_by_topic(conn: Connection) -> list[Any]:
     """-- backlog -- per topic with pending or dead rows: pending, oldest waiting_since
     of the pending rows, dead. One query, for /metrics."""
-
-    def count_if(condition: Any) -> Any:
-        return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
 
     query = (
         select(
