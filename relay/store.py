@@ -327,6 +327,13 @@ def requeue(conn: Connection, dead_only: bool, topic: str | None, msg_ids: Seque
     return int(conn.execute(requeue_stmt(dead_only, topic, msg_ids)).rowcount)
 
 
+def unknown_ids(conn: Connection, msg_ids: Sequence[str]) -> list[str]:
+    """-- unknown_ids -- those of ``msg_ids`` with no row (never written, or purged)."""
+    wanted = select(t.c.msg_id).where(t.c.msg_id.in_([uuid.UUID(m) for m in msg_ids]))
+    found = {str(m) for m in conn.execute(wanted).scalars()}
+    return [m for m in msg_ids if m not in found]
+
+
 def pending_count(conn: Connection) -> int:
     """-- pending_count -- for progress reports."""
     return int(conn.execute(select(func.count()).where(t.c.status == PENDING)).scalar_one())

@@ -10,8 +10,9 @@ usable msg_id), and commit->broker latency p50/p90/p99/max.
 Runs locally (``outbox reconcile``) and unchanged under ``spark-submit
 spark_jobs/reconcile_job.py ...`` (ship the spark_jobs folder alone with ``--py-files``: it
 imports neither outbox nor relay); tables are never collected whole into the driver,
-only the aggregates. Exit status 2 when lost or phantom > 0, for schedulers; 1 when
-the job failed (a missing input or column is found before Spark starts).
+only the aggregates. Exit status 3 when lost or phantom > 0, for schedulers; 1 when
+the job failed (a missing input or column is found before Spark starts); 2 bad usage
+(argparse's own), as every `outbox` command.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from spark_jobs.window import Window
 if TYPE_CHECKING:
     import pyarrow as pa
 
-EXIT_FAILED, EXIT_DISCREPANCY = 1, 2
+EXIT_FAILED, EXIT_DISCREPANCY = 1, 3  # relay.cli.common's EXIT_FAILED and EXIT_DATA
 
 
 class JobError(Exception):

@@ -5,8 +5,8 @@
 - relay.cli.data: export, reconcile;
 - relay.cli.modelb: coordinator, compare.
 
-Exit codes: 0 success, 1 the operation failed (the message says why), 2 bad usage,
-3 (status only) dead messages exist, 130 / 143 (drain) stopped by SIGINT / SIGTERM.
+Exit statuses mean one thing each, for every command: relay.cli.common.EXIT_STATUSES,
+shown by ``outbox --help`` and in the README.
 Every failure is one line on stderr; ``--debug`` adds the traceback. Connection strings
 come from flags or OUTBOX_DB / OUTBOX_BROKER; passwords and tokens are masked in
 everything printed or logged.
@@ -28,7 +28,14 @@ from outbox.secrets import mask_url, scrub
 from outbox.settings import Settings
 from relay.cli import data, modelb, run, schema
 from relay.cli.app import use_app
-from relay.cli.common import EXIT_FAILED, EXIT_USAGE, UsageError, add_debug_flag, from_environment
+from relay.cli.common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    UsageError,
+    add_debug_flag,
+    exit_statuses_text,
+    from_environment,
+)
 from relay.cli.settings_flags import settings_from_args
 
 GROUPS = (schema, run, data, modelb)
@@ -58,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="outbox",
         description="Transactional outbox: schema, relay workers and operations.",
-        epilog="Exit codes: 0 success, 1 failure, 2 bad usage, 3 dead messages (status), "
-        "130/143 drain stopped by SIGINT/SIGTERM.",
+        epilog=exit_statuses_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the table's lines as written
     )
     add_debug_flag(parser, default=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

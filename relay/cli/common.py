@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import textwrap
 import uuid
 from typing import TypeAlias, TypeVar
 
@@ -13,7 +14,21 @@ from outbox.engines import engine_from
 from outbox.errors import OutboxError
 from relay.cli.settings_flags import add_settings_flags
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DEAD = 0, 1, 2, 3
+# Exit statuses: one meaning each, the same for every command (README, `outbox --help`).
+EXIT_OK = 0  # it did what was asked
+EXIT_FAILED = 1  # a runtime error: database or broker unreachable, a schema problem, ...
+EXIT_USAGE = 2  # argparse's own code: a bad flag or value, an unknown msg_id
+EXIT_DATA = 3  # it ran, and the data is wrong: dead, lost or phantom messages found
+EXIT_DEAD = EXIT_DATA  # dead messages: one case of EXIT_DATA
+EXIT_STATUSES = (
+    ("0", "success"),
+    ("1", "runtime error: database or broker unreachable, schema not at head, extra missing; "
+     "drain left messages failing (run it again later)"),
+    ("2", "usage error: a bad or missing flag or value, a msg_id that does not exist"),
+    ("3", "the data is wrong: dead messages (status; drain made some dead), lost or phantom "
+     "messages (reconcile, compare)"),
+    ("130, 143", "stopped by SIGINT (Ctrl-C) or SIGTERM (drain; relay on a second signal)"),
+)  # fmt: skip
 READ_TIMEOUT_S = 60.0  # a CLI read (status, requeue, drain's count) waits this long at most
 T = TypeVar("T")
 URL_ENV = ("db", "broker")  # flags whose default is $OUTBOX_<FLAG>
@@ -23,6 +38,17 @@ Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 class UsageError(OutboxError):
     """The command line is incomplete or contradictory (exit status 2)."""
+
+
+def exit_statuses_text() -> str:
+    """The table of exit statuses, as `outbox --help` ends."""
+    width = max(len(code) for code, _ in EXIT_STATUSES)
+    indent = " " * (width + 4)
+    lines = [
+        textwrap.fill(meaning, 88, initial_indent=f"  {code:<{width}}  ", subsequent_indent=indent)
+        for code, meaning in EXIT_STATUSES
+    ]
+    return "exit statuses:\n" + "\n".join(lines)
 
 
 def positive_int(text: str) -> int:

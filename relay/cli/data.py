@@ -55,7 +55,7 @@ def add_reconcile(commands: Commands) -> None:
         "reconcile",
         help="reconcile ledger and broker log on Spark: lost, duplicated, phantom, latency",
         description="Run spark_jobs/reconcile_job.py locally (local[*]); the same file runs under "
-        "spark-submit. Exit status 2 when lost or phantom messages were found.",
+        "spark-submit. Exit status 3 when lost or phantom messages were found.",
     )
     reconcile_job.add_arguments(rec)
 

@@ -23,6 +23,7 @@ from outbox.secrets import mask_url
 from relay import store
 from relay.cli.app import add_app_flag
 from relay.cli.common import (
+    EXIT_DATA,
     EXIT_FAILED,
     EXIT_OK,
     Commands,
@@ -77,8 +78,9 @@ def add_drain(commands: Commands) -> None:
         help="publish everything pending now, once, with progress",
         description="One-shot sweep of every pending message regardless of age and backoff, "
         "for recovering a large backlog.",
-        epilog="Exit status: 0 all sent, 1 some failed (retried later) or dead, 130 stopped by "
-        "SIGINT (Ctrl-C), 143 stopped by SIGTERM. On either signal the batches in flight are "
+        epilog="Exit status: 0 all sent, 3 some went dead (`outbox status`), else 1 some "
+        "failed and stay pending (retried later) or the broker became unreachable, 130 stopped "
+        "by SIGINT (Ctrl-C), 143 stopped by SIGTERM. On either signal the batches in flight are "
         "finished (published and marked) or left pending, never half-marked; no new batch is "
         "claimed; the summary so far is printed. Past --stop-timeout, or on a second signal, "
         "it exits at once and the batches in flight stay pending (published again later: "
@@ -283,8 +285,15 @@ def report_drain(
         )
     if stopped_by is not None:
         return exit_status(stopped_by)
-    ok = result.failed == 0 and result.dead == 0 and not result.aborted
-    return EXIT_OK if ok else EXIT_FAILED
+    return drain_status(result)
+
+
+def drain_status(result: SweepResult) -> int:
+    """Dead rows need a person whatever else happened (EXIT_DATA); rows still failing or a
+    broker gone are worth another run later (EXIT_FAILED)."""
+    if result.dead:
+        return EXIT_DATA
+    return EXIT_FAILED if result.failed or result.aborted else EXIT_OK
 
 
 def drain_document(

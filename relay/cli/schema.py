@@ -8,6 +8,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import Connection
+
 from outbox import migrate
 from outbox.secrets import mask_url
 from relay import store
@@ -129,11 +131,19 @@ def cmd_requeue(args: argparse.Namespace) -> int:
     try:
         migrate.require_schema(engine)
         with engine.begin() as conn:
+            refuse_unknown_ids(conn, args.ids)  # before any change: all or nothing
             count = store.requeue(conn, args.dead, args.topic, args.ids)
     finally:
         engine.dispose()
     print(json.dumps({"requeued": count}) if args.json else f"requeued {count} message(s)")
     return EXIT_OK
+
+
+def refuse_unknown_ids(conn: Connection, ids: list[str]) -> None:
+    """An --id with no row is a typo or a purged message: say so (exit 2), requeue nothing."""
+    unknown = store.unknown_ids(conn, ids) if ids else []
+    if unknown:
+        raise UsageError(f"--id: no message {', '.join(unknown)} (a typo, or purged by retention)")
 
 
 PARSERS = (add_migrate, add_status, add_requeue)

@@ -3,7 +3,7 @@
 Runs ``relay.compare.run``'s workload on both models against the same PostgreSQL (a
 scratch schema, dropped afterwards) and the same broker (the wheel's nats-server
 unless ``--broker`` names one), exports each model's inputs, reconciles both with the
-Spark job and writes ``compare.json`` and ``compare.html`` side by side. Exit status 2
+Spark job and writes ``compare.json`` and ``compare.html`` side by side. Exit status 3
 when either model lost a message or produced a phantom.
 """
 
@@ -209,7 +209,7 @@ def report_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run both models, reconcile them, write the report; exit status 2 on a discrepancy.
+    """Run both models, reconcile them, write the report; exit status 3 on a discrepancy.
 
     A workload the flags describe wrongly raises ValueError before anything runs.
     """

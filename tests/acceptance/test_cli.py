@@ -98,6 +98,17 @@ def test_requeue_dead_resets_attempts(pg_url: str) -> None:
     }
 
 
+def test_requeue_of_an_unknown_id_is_an_error_and_changes_nothing(pg_url: str) -> None:
+    [dead] = seed(pg_url, ["dead"])
+    unknown = str(uuid.uuid4())
+    done = cli("requeue", "--db", pg_url, "--id", dead, unknown)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert f"no message {unknown}" in done.stderr and "Traceback" not in done.stderr
+    assert count(pg_url, "dead") == 1  # all or nothing: the known one stays dead too
+    assert cli("requeue", "--db", pg_url, "--id", dead).returncode == 0
+    assert count(pg_url, "dead") == 0
+
+
 def test_drain_publishes_every_pending_row(
     pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
 ) -> None:

@@ -83,7 +83,7 @@ def test_deleted_and_extra_broker_messages_are_counted_exactly(
     reconcile += ["--out", str(out), "--start", start.isoformat(), "--end", end.isoformat()]
     reconcile += ["--sla", "60", "--master", "local[2]"]
     done = subprocess.run(reconcile, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 2, done.stdout + done.stderr  # lost and phantom found: alert
+    assert done.returncode == 3, done.stdout + done.stderr  # lost and phantom found: alert
     total = json.loads((out / "summary.json").read_text())["total"]
     assert (total["committed"], total["delivered"], total["lost"]) == (300, 296, 4)
     assert (total["phantom"], total["duplicated"], total["pending"]) == (3, 0, 0)
@@ -93,7 +93,7 @@ def test_deleted_and_extra_broker_messages_are_counted_exactly(
     by_jdbc = [arg if arg != str(ledger) else pg_url for arg in reconcile]
     by_jdbc[by_jdbc.index(str(out))] = str(tmp_path / "report-jdbc")
     done = subprocess.run(by_jdbc, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.returncode == 3, done.stdout + done.stderr
     jdbc_total = json.loads((tmp_path / "report-jdbc" / "summary.json").read_text())["total"]
     assert jdbc_total == total
 
@@ -148,7 +148,7 @@ def test_the_job_file_runs_under_spark_submit(tmp_path: Path) -> None:
     done = subprocess.run(
         submit, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
     )
-    assert done.returncode == 2, done.stderr[-2000:]  # lost and phantom found
+    assert done.returncode == 3, done.stderr[-2000:]  # lost and phantom found
     total = json.loads((tmp_path / "out" / "summary.json").read_text())["total"]
     assert (total["lost"], total["phantom"], total["delivered"]) == (2, 1, 2998)
 
