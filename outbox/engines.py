@@ -20,6 +20,7 @@ from outbox.names import check_name
 from outbox.secrets import mask_url
 from outbox.settings import CONNECT_TIMEOUT_S
 from outbox.target import connect_params, libpq_escape, libpq_words, search_path_setting
+from outbox.urls import with_driver
 
 if TYPE_CHECKING:  # imported by aio.require() when an async engine is made
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -42,11 +43,11 @@ def engine_from(
     if not isinstance(db, str | URL) or not db:
         raise ConfigError("db: must be a SQLAlchemy URL string or an Engine")
     try:
-        url = sync_url(make_url(db))
+        url = sync_url(with_driver(db))
         args = timeouts(url, connect_timeout_s, read_timeout_s)
         engine = create_engine(url, connect_args=args, **kw)
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
-        raise ConfigError(f"db: cannot use {mask_url(db)!r}: {exc}") from None
+        raise unusable_url(db, exc) from None
     except ImportError as exc:  # the dialect's driver: PyMySQL is the `mysql` extra's
         hint = " (pip install 'outbox-relay[mysql]')" if exc.name == "pymysql" else ""
         raise ConfigError(
@@ -55,6 +56,25 @@ def engine_from(
     if url.get_backend_name() in ("mysql", "mariadb"):
         event.listen(engine, "connect", functools.partial(_reads_wait, read_timeout_s))
     return engine
+
+
+def check_db_url(db: str) -> str:
+    """``db`` if SQLAlchemy knows its dialect (no connection, no driver import yet)."""
+    try:
+        with_driver(db).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise unusable_url(db, exc) from None
+    return db
+
+
+def unusable_url(db: object, exc: Exception) -> ConfigError:
+    hint = ""
+    if isinstance(exc, NoSuchModuleError):  # a scheme SQLAlchemy has no dialect for
+        hint = (
+            "; use sqlite:///FILE, postgresql://... (postgres://, psycopg) or mysql://... "
+            "(mariadb://, PyMySQL), or name a driver: postgresql+asyncpg://..."
+        )
+    return ConfigError(f"db: cannot use {mask_url(db)!r}: {exc}{hint}")
 
 
 # The sync driver the relay's threads use for a database an app reaches through an async one.
@@ -77,7 +97,7 @@ ASYNC_DRIVERS = {
 def is_async_url(db: str | URL) -> bool:
     """Does ``db`` name an asyncio driver (asyncpg, aiosqlite, asyncmy, aiomysql)?"""
     try:
-        return bool(make_url(db).get_dialect().is_async)
+        return bool(with_driver(db).get_dialect().is_async)
     except (ArgumentError, NoSuchModuleError, ValueError, ImportError):
         return False
 
@@ -151,7 +171,7 @@ def async_engine_from(
     from sqlalchemy.ext.asyncio import create_async_engine
 
     try:
-        url = async_url(make_url(db))
+        url = async_url(with_driver(db))
         args = timeouts(url, connect_timeout_s, None)
         if url.get_driver_name() == "asyncpg" and "options" in url.query:
             args["server_settings"] = server_settings(str(url.query["options"]))
@@ -160,7 +180,7 @@ def async_engine_from(
     except ImportError as exc:  # the driver: asyncpg, aiosqlite, asyncmy
         raise ConfigError(f"db: cannot use {mask_url(db)!r}: {exc} ({aio.INSTALL})") from None
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
-        raise ConfigError(f"db: cannot use {mask_url(db)!r}: {exc}") from None
+        raise unusable_url(db, exc) from None
     _given_urls[engine] = make_url(db)
     if url.get_driver_name() == "asyncmy":
         event.listen(engine.sync_engine, "connect", functools.partial(_reads_wait, None))

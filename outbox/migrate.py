@@ -22,6 +22,7 @@ from outbox.engines import engine_from
 from outbox.errors import OutboxError
 from outbox.secrets import url_of
 from outbox.table import metadata
+from outbox.urls import with_driver
 
 VERSION_TABLE = "outbox_alembic_version"
 MESSAGE_TABLE = "outbox_message"
@@ -62,6 +63,7 @@ def downgrade(db: str | Engine, revision: str = "base") -> None:
 
 def upgrade_sql(url: str, revision: str = "head") -> None:
     """Print the upgrade as SQL (Alembic's offline mode) instead of running it."""
+    url = with_driver(url).render_as_string(hide_password=False)  # postgres://: psycopg's SQL
     command.upgrade(alembic_config(url), revision, sql=True)
 
 

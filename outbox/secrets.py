@@ -15,6 +15,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from outbox.broker import BROKER_SCHEMES
+from outbox.urls import with_driver
 
 MIN_SCRUBBED = 3  # shorter "secrets" would garble every message they are scrubbed from
 RESERVED = re.compile(r"[:/?#\[\]@!$&'()*+,;=%\s]+")  # URL delimiters, and space
@@ -48,8 +49,8 @@ def _mask_db_url(url: str) -> str | None:
     if url.partition("://")[0] in BROKER_SCHEMES:  # spares the dialect lookup (milliseconds)
         return None
     try:
-        parsed = make_url(url)
-        parsed.get_dialect()  # a database URL, not a broker's that happens to parse
+        parsed = make_url(url)  # rendered with its scheme as written
+        with_driver(parsed).get_dialect()  # a database URL, not a broker's that happens to parse
     except (ArgumentError, NoSuchModuleError, ValueError, ImportError):
         return None
     return parsed.render_as_string(hide_password=True)
@@ -81,7 +82,9 @@ def secrets_of(url: str) -> list[str]:
     found += [unquote(s) for s in found]
     # A driver that mis-parses a raw password echoes a piece of it (as a host name, say).
     found += [piece for s in found for piece in RESERVED.split(s)]
-    return sorted({s for s in found if len(s) >= MIN_SCRUBBED}, key=len, reverse=True)
+    # The scheme stays readable (it says what went wrong): no token is a piece of it.
+    kept = {s for s in found if len(s) >= MIN_SCRUBBED and s.lower() not in scheme.lower()}
+    return sorted(kept, key=len, reverse=True)
 
 
 def scrub(text: str, urls: Iterable[str | None]) -> str:

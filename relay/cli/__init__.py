@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from outbox.engines import check_broker_url
+from outbox.engines import check_broker_url, check_db_url
 from outbox.errors import ConfigError, OutboxError
 from outbox.secrets import mask_url, scrub
 from outbox.settings import Settings
@@ -92,8 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(urls)
     try:
         args.settings = command_settings(args, app)
-        if getattr(args, "broker", None):
-            check_broker_url(args.broker)  # a bad broker URL fails before any DB work
+        check_urls(args)
         return COMMANDS[args.command](args)
     except Exception as exc:  # one line, whatever failed; --debug for the traceback
         return report_error(args.command, exc, urls, args.debug, getattr(args, "db", None))
@@ -104,6 +103,18 @@ def command_settings(args: argparse.Namespace, app: Settings | None) -> Settings
     usage (exit 2), named as outbox.settings names it."""
     try:
         return settings_from_args(args, app, f"--app {args.app}" if app is not None else "")
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def check_urls(args: argparse.Namespace) -> None:
+    """A --db or --broker with an unknown scheme is bad usage (exit 2), found before any
+    connection; an installed driver missing is found later (exit 1, naming its extra)."""
+    try:
+        if getattr(args, "db", None):
+            check_db_url(args.db)
+        if getattr(args, "broker", None):
+            check_broker_url(args.broker)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 

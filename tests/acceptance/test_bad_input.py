@@ -91,7 +91,7 @@ def write(
     ],
 )
 def test_unknown_schemes_name_the_url(args: list[str], named: str, tmp_path: Path) -> None:
-    refused(outbox(*[a.format(tmp=tmp_path) for a in args]), 1, named)
+    refused(outbox(*[a.format(tmp=tmp_path) for a in args]), 2, named)  # a bad value: usage
     assert list(tmp_path.iterdir()) == []
 
 

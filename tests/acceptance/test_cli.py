@@ -127,7 +127,7 @@ def test_drain_publishes_every_pending_row(
 def test_bad_urls_give_one_clear_line() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("OUTBOX_DB", "OUTBOX_BROKER")}
     done = cli("drain", "--db", "sqlite://", "--broker", "kafka://h:1", env=env)
-    assert done.returncode == 1 and "no supported scheme" in done.stderr
+    assert done.returncode == 2 and "no supported scheme" in done.stderr  # a bad value: usage
     assert "Traceback" not in done.stderr
     missing = cli("relay", "--db", "sqlite://", env=env)
     assert missing.returncode == 2 and "--broker is required" in missing.stderr

@@ -112,7 +112,7 @@ def test_cli_migrate_errors_are_one_clear_line() -> None:
     assert down.stderr.startswith("outbox migrate: OperationalError")
     assert "Traceback" not in down.stderr and "s3cret" not in down.stderr
     bad = run_cli("migrate", "--db", "nosuchdb://x", env=env)
-    assert bad.returncode == 1 and "db: cannot use" in bad.stderr
+    assert bad.returncode == 2 and "db: cannot use" in bad.stderr  # a bad value: usage
 
 
 def test_cli_migrate_sql_prints_ddl() -> None:

@@ -1,0 +1,27 @@
+"""Database URL schemes as hosting platforms write them, mapped to the drivers we ship.
+
+``postgres://`` (Heroku, Render, Fly put it in ``DATABASE_URL``) and a bare
+``postgresql://`` would ask SQLAlchemy for psycopg2, ``mysql://`` and ``mariadb://`` for
+mysqlclient: none of them is a dependency of outbox-relay. A URL that names its driver
+(``postgresql+asyncpg://``) is left as it is.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import URL
+from sqlalchemy.engine import make_url
+
+# The scheme as written -> the SQLAlchemy dialect+driver used for it.
+DRIVER_OF_SCHEME = {
+    "postgres": "postgresql+psycopg",
+    "postgresql": "postgresql+psycopg",
+    "mysql": "mysql+pymysql",
+    "mariadb": "mariadb+pymysql",
+}
+
+
+def with_driver(db: str | URL) -> URL:
+    """``db`` parsed, a bare scheme given the driver outbox-relay installs for it."""
+    url = make_url(db)
+    driver = DRIVER_OF_SCHEME.get(url.drivername)
+    return url if driver is None else url.set(drivername=driver)
