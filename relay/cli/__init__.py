@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -30,6 +31,7 @@ from relay.cli import data, modelb, run, schema
 from relay.cli.app import use_app
 from relay.cli.common import (
     EXIT_FAILED,
+    EXIT_PIPE,
     EXIT_USAGE,
     UsageError,
     add_debug_flag,
@@ -77,6 +79,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return run_command(argv)
+    except BrokenPipeError:  # `outbox migrate --sql | head -1`: the reader has all it wants
+        return stdout_closed()
+
+
+def stdout_closed() -> int:
+    """Exit quietly, as 128 + SIGPIPE like `cat` and `git`: no traceback, no second error
+    when Python flushes stdout at exit (it goes to /dev/null now)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_PIPE
+
+
+def run_command(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
@@ -94,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.settings = command_settings(args, app)
         check_urls(args)
         return COMMANDS[args.command](args)
+    except BrokenPipeError:
+        raise  # not a failure: main() ends quietly
     except Exception as exc:  # one line, whatever failed; --debug for the traceback
         return report_error(args.command, exc, urls, args.debug, getattr(args, "db", None))
 

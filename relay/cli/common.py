@@ -20,6 +20,7 @@ EXIT_FAILED = 1  # a runtime error: database or broker unreachable, a schema pro
 EXIT_USAGE = 2  # argparse's own code: a bad flag or value, an unknown msg_id
 EXIT_DATA = 3  # it ran, and the data is wrong: dead, lost or phantom messages found
 EXIT_DEAD = EXIT_DATA  # dead messages: one case of EXIT_DATA
+EXIT_PIPE = 141  # 128 + SIGPIPE: stdout closed by its reader (`| head`), as cat and git do
 EXIT_STATUSES = (
     ("0", "success"),
     ("1", "runtime error: database or broker unreachable, schema not at head, extra missing; "
@@ -28,6 +29,7 @@ EXIT_STATUSES = (
     ("3", "the data is wrong: dead messages (status; drain made some dead), lost or phantom "
      "messages (reconcile, compare)"),
     ("130, 143", "stopped by SIGINT (Ctrl-C) or SIGTERM (drain; relay on a second signal)"),
+    ("141", "stdout closed by its reader (`outbox migrate --sql` piped to `head`): quietly"),
 )  # fmt: skip
 READ_TIMEOUT_S = 60.0  # a CLI read (status, requeue, drain's count) waits this long at most
 T = TypeVar("T")

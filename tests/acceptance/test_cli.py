@@ -314,3 +314,41 @@ def test_an_unexpected_error_is_one_line_and_debug_shows_it(
     assert err.endswith("outbox status: RuntimeError: the client library failed\n")
     assert cli_module.main(["status", "--db", "sqlite://", "--debug"]) == 1
     assert "Traceback" in capsys.readouterr().err, "--debug after the command works too"
+
+
+WITHOUT = (  # `outbox ARGS` with modules made unimportable, as if never installed
+    "import sys\nfor m in {mods!r}: sys.modules[m] = None\n"
+    "from relay.cli import main\nsys.exit(main(sys.argv[1:]))"
+)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["reconcile", "--ledger", "l.parquet", "--broker-log", "b.parquet", "--out", "r",
+         "--start", "2026-01-01T00:00:00Z", "--end", "2026-01-02T00:00:00Z"],
+        ["export", "ledger", "--db", "sqlite:///x.db", "--out", "x.parquet"],
+    ],
+    ids=["reconcile", "export"],
+)  # fmt: skip
+def test_a_missing_extra_is_named(args: list[str], tmp_path: Path) -> None:
+    script = WITHOUT.format(mods=("pyarrow", "pyspark"))  # as if installed without [spark]
+    done = subprocess.run([sys.executable, "-c", script, *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "pip install 'outbox-relay[spark]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_closed_stdout_ends_quietly() -> None:
+    # A real pipe whose reader has gone, as `| head -1` once it has its line: closed before
+    # the command writes, so every write fails (a pipe buffer could hide a later close).
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([OUTBOX, "migrate", "--sql", "--db", "postgres://u@h/x"],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              timeout=60, check=False)  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141, done.stderr  # 128 + SIGPIPE, as cat and git
+    assert done.stderr == "", done.stderr
