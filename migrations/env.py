@@ -13,7 +13,7 @@ from sqlalchemy import Connection
 from sqlalchemy.pool import NullPool
 
 from outbox.engines import engine_from
-from outbox.migrate import VERSION_TABLE, migration_lock
+from outbox.migrate import VERSION_TABLE, migration_lock, revision_of
 from outbox.table import metadata
 
 
@@ -40,6 +40,8 @@ def run_online(connection: Connection) -> None:
     # The lock opens the transaction, so Alembic sees it as the caller's and commits
     # nothing itself: the lock is held until the caller's COMMIT.
     with migration_lock(connection):
+        # What this run found, under the lock: `outbox migrate` says whether it upgraded.
+        context.config.attributes["found"] = revision_of(connection)
         configure(connection=connection, render_as_batch=connection.dialect.name == "sqlite")
         with context.begin_transaction():
             context.run_migrations()

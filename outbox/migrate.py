@@ -47,13 +47,17 @@ def alembic_config(db: str | Engine | None = None) -> Config:
     return config
 
 
-def upgrade(db: str | Engine, revision: str = "head") -> None:
-    """Upgrade to ``revision``; a foreign ``outbox_message`` or a newer schema is refused."""
+def upgrade(db: str | Engine, revision: str = "head") -> str | None:
+    """Upgrade to ``revision``; a foreign ``outbox_message`` or a newer schema is refused.
+
+    Returns the revision found before (None: no tables), read under the migration lock:
+    of concurrent runs, only the one that upgraded sees the old revision.
+    """
     with connected(db) as conn:
         problem = schema_problem(conn)
         if problem is not None and not problem.upgradable:
             raise problem
-        _run(command.upgrade, conn, revision)
+        return _run(command.upgrade, conn, revision)
 
 
 def downgrade(db: str | Engine, revision: str = "base") -> None:
@@ -172,9 +176,12 @@ def migration_lock(conn: Connection) -> Iterator[None]:
         conn.execute(text(f"SELECT RELEASE_LOCK({name})"))
 
 
-def _run(cmd: object, conn: Connection, revision: str) -> None:
+def _run(cmd: object, conn: Connection, revision: str) -> str | None:
+    """Run an Alembic command on ``conn``; the revision env.py found under the lock."""
     conn.rollback()  # the checks' reads: the migration starts its own transaction (and lock)
     config = alembic_config()
     config.attributes["connection"] = conn
     cmd(config, revision)  # type: ignore[operator]
     conn.commit()
+    found: str | None = config.attributes.get("found")
+    return found

@@ -15,6 +15,7 @@ everything printed or logged.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import sys
@@ -71,11 +72,20 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,  # the table's lines as written
     )
     add_debug_flag(parser, default=False)
+    parser.add_argument("--version", action="version", version=f"outbox {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in GROUPS:
         for add_parser in group.PARSERS:
             add_parser(commands)
     return parser
+
+
+def package_version() -> str:
+    """The installed distribution's version (what `pip show outbox-relay` says)."""
+    try:
+        return importlib.metadata.version("outbox-relay")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout never installed
+        return "unknown (not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

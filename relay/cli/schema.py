@@ -73,14 +73,21 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         return EXIT_OK
     engine = database(args)
     try:
-        migrate.upgrade(engine, args.revision)
+        before = migrate.upgrade(engine, args.revision)
         if args.revision == "head":
             migrate.require_schema(engine)  # at head, yet columns missing: say so
-        revision = migrate.current_revision(engine)
+        after = migrate.current_revision(engine)
     finally:
         engine.dispose()
-    print(f"outbox schema at {revision} in {mask_url(args.db)}")
+    print(f"outbox schema {migrated(before, after)} in {mask_url(args.db)}")
     return EXIT_OK
+
+
+def migrated(before: str | None, after: str | None) -> str:
+    """``upgraded 0001 -> 0003`` or ``already at 0003``, as Alembic users expect to read."""
+    if before == after:
+        return f"already at {after or 'none'}"
+    return f"upgraded {before or 'none'} -> {after}"
 
 
 def cmd_status(args: argparse.Namespace) -> int:

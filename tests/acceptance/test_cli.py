@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import os
 import signal
@@ -352,3 +353,9 @@ def test_a_closed_stdout_ends_quietly() -> None:
         os.close(write_end)
     assert done.returncode == 141, done.stderr  # 128 + SIGPIPE, as cat and git
     assert done.stderr == "", done.stderr
+
+
+def test_version_is_the_installed_distributions() -> None:
+    done = cli("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"outbox {importlib.metadata.version('outbox-relay')}"

@@ -91,9 +91,10 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 def test_cli_migrate_is_idempotent(pg_url: str) -> None:
     first = run_cli("migrate", "--db", pg_url)
     assert first.returncode == 0, first.stderr
-    assert "outbox schema at 0003" in first.stdout
+    assert "outbox schema upgraded none -> 0003" in first.stdout
     second = run_cli("migrate", "--db", pg_url)
     assert second.returncode == 0, second.stderr
+    assert "outbox schema already at 0003" in second.stdout
     assert tables(pg_url) == OUTBOX_TABLES
 
 
