@@ -66,6 +66,8 @@ class Sweeper:
         self._sweeping = 0  # sweep_once calls in progress
         self._sweeping_changed = threading.Condition()
         self.known = KnownForms()
+        # One INFO line per batch suits a worker; a command showing progress lowers it.
+        self.batch_log_level = logging.INFO
 
     def sweep_once(
         self, min_age_s: float | None = None, due_only: bool = True, cursor: Cursor | None = None
@@ -119,7 +121,8 @@ class Sweeper:
                 log.warning("sweep: broker unreachable, batch of %d left as it was", len(rows))
             return SweepResult(claimed=len(rows), aborted=True)
         result = sweep_result(report)
-        log.info(
+        log.log(
+            self.batch_log_level,
             "sweep: claimed=%d sent=%d retry_later=%d dead=%d",
             result.claimed, result.sent, result.failed, result.dead,
         )  # fmt: skip
@@ -134,7 +137,7 @@ class Sweeper:
         concurrency: int = 1,
         min_age_s: float | None = None,
         due_only: bool = True,
-        on_batch: Callable[[int], None] | None = None,
+        on_batch: Callable[[SweepResult], None] | None = None,
     ) -> SweepResult:
         """Sweep until no full batch is left, with ``concurrency`` sweeps side by side.
 
@@ -150,7 +153,7 @@ class Sweeper:
                 batch = self.sweep_once(min_age_s, due_only, cursor)
                 done += batch
                 if on_batch is not None and batch.claimed and not batch.aborted:
-                    on_batch(batch.claimed)
+                    on_batch(batch)
                 if batch.aborted or batch.claimed < self.settings.sweep_batch:
                     break
             return done

@@ -32,6 +32,7 @@ from relay.cli.common import (
     database,
     positive_int,
 )
+from relay.cli.progress import Progress, progress
 from relay.cli.settings_flags import add_settings_flags
 from relay.cli.stopping import STOP_SIGNALS, StopSignals, exit_status, signals_blocked
 from relay.runtime import Relay
@@ -186,17 +187,16 @@ def drain(args: argparse.Namespace, stop: StopSignals) -> int:
                 return report_drain(SweepResult(), total, 0.0, stop.received, as_json=args.json)
             raise OutboxError(f"broker {mask_url(args.broker)} unreachable; nothing was touched")
     sweeper = relay.sweeper
-    progress = Progress(total) if sys.stderr.isatty() else None
+    sweeper.batch_log_level = logging.DEBUG  # the progress shows the batches
     started = time.monotonic()
-    work = Background(lambda: drain_passes(sweeper, args.concurrency, progress))
-    with signals_blocked():  # the sweeps' threads leave the signals to this one
-        work.start()
-    stopped_by, finished = await_drain(work, stop, sweeper, args.stop_timeout)
-    if progress:
-        progress.close()
+    with progress("drain", total) as shown:
+        work = Background(lambda: drain_passes(sweeper, args.concurrency, shown))
+        with signals_blocked():  # the sweeps' threads leave the signals to this one
+            work.start()
+        stopped_by, finished = await_drain(work, stop, sweeper, args.stop_timeout)
     seconds = time.monotonic() - started
     if not finished:  # a batch's transaction is open: exiting rolls it back (rows pending)
-        exit_now(report_drain(sweeper.totals, total, seconds, stopped_by, True, args.json))
+        exit_now(report_drain(shown.result(), total, seconds, stopped_by, True, args.json))
     try:
         result = work.result()
     finally:
@@ -226,17 +226,17 @@ def wait_connected(relay: Relay, stop: StopSignals) -> bool:
     return True
 
 
-def drain_passes(
-    sweeper: Sweeper, concurrency: int, progress: Callable[[int], None] | None
-) -> SweepResult:
-    result = sweeper.sweep(concurrency, min_age_s=0, due_only=False, on_batch=progress)
+def drain_passes(sweeper: Sweeper, concurrency: int, shown: Progress) -> SweepResult:
+    """Up to DRAIN_PASSES sweeps; the totals count each row once, however many passes
+    tried it (a row that failed in the last pass to claim it is retry_later)."""
+    swept = sweeper.sweep(concurrency, min_age_s=0, due_only=False, on_batch=shown.add)
     for _ in range(DRAIN_PASSES - 1):  # failed rows are pending again: give them more tries
-        if result.failed == 0 or sweeper.stopping:
+        if shown.result().failed == 0 or sweeper.stopping or swept.aborted:
             break
-        again = sweeper.sweep(concurrency, min_age_s=0, due_only=False, on_batch=progress)
-        result.sent += again.sent
-        result.dead += again.dead
-        result.failed = again.failed
+        shown.next_pass()
+        swept = sweeper.sweep(concurrency, min_age_s=0, due_only=False, on_batch=shown.add)
+    result = shown.result()
+    result.aborted = swept.aborted
     return result
 
 
@@ -354,25 +354,6 @@ def repeats_dropped() -> Iterator[None]:
     finally:
         for handler in handlers:
             handler.removeFilter(first_time)
-
-
-class Progress:
-    """A one-line progress bar on stderr, for terminals only."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.done = max(total, 1), 0
-        self.lock = threading.Lock()
-
-    def __call__(self, claimed: int) -> None:
-        with self.lock:
-            self.done += claimed
-            share = min(1.0, self.done / self.total)
-            bar = "#" * int(share * 40)
-            sys.stderr.write(f"\r[{bar:<40}] {self.done}/{self.total}")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        sys.stderr.write("\n")
 
 
 PARSERS = (add_relay, add_drain)

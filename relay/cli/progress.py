@@ -1,0 +1,123 @@
+"""Progress of the long commands on stderr, through tqdm (the one progress library kept).
+
+On a terminal: a bar with done/total, rate and ETA; log lines are written above it
+(tqdm's logging redirect), never on the bar's line. Without a terminal (cron, a pipe,
+a container log): one line of running totals every ``every_s`` seconds, not one per batch.
+
+Counts are of rows *finished*, so the bar never passes its total: a row that failed
+and is tried again in a later pass of the same command is counted once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import TextIO
+
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from outbox.events import SweepResult
+
+# Seconds between the summary lines without a terminal; the environment variable is
+# for tests (a short interval on a small backlog), not a documented setting.
+SUMMARY_EVERY_S = float(os.environ.get("OUTBOX_PROGRESS_EVERY_S", "5"))
+
+
+class Progress:
+    """Running totals of one command: ``add(batch)`` from any thread, ``close()`` once."""
+
+    def __init__(
+        self,
+        what: str,
+        total: int,
+        stream: TextIO | None = None,
+        every_s: float = SUMMARY_EVERY_S,
+        tty: bool | None = None,
+    ) -> None:
+        self.what, self.total = what, total
+        self.stream = stream or sys.stderr
+        self.every_s = every_s
+        self.sent = self.failed = self.dead = 0
+        self.retrying = 0  # failed rows of an earlier pass, not yet claimed again
+        self.started = self._told = time.monotonic()
+        self._lock = threading.Lock()
+        self._redirect = ExitStack()
+        self._bar: tqdm | None = None
+        if self.stream.isatty() if tty is None else tty:
+            self._bar = tqdm(
+                total=total, desc=what, unit="msg", file=self.stream, dynamic_ncols=True
+            )
+            self._redirect.enter_context(logging_redirect_tqdm(tqdm_class=tqdm))
+
+    @property
+    def done(self) -> int:
+        """Rows finished: sent, dead, or failed in the pass that tried them last."""
+        return self.sent + self.dead + self.failed + self.retrying
+
+    def add(self, batch: SweepResult) -> None:
+        """One batch's outcomes (its rows were claimed once in this pass)."""
+        with self._lock:
+            before = self.done
+            again = min(self.retrying, batch.claimed) if batch.claimed else 0
+            self.retrying -= again
+            self.sent += batch.sent
+            self.failed += batch.failed
+            self.dead += batch.dead
+            if self.done > self.total:  # rows that arrived during the command
+                self.total = self.done
+            self._show(self.done - before)
+
+    def next_pass(self) -> None:
+        """The failed rows are about to be claimed again: each still counts once."""
+        with self._lock:
+            self.retrying += self.failed
+            self.failed = 0
+
+    def result(self) -> SweepResult:
+        """The totals: each row in exactly one of sent, failed (retry later), dead."""
+        with self._lock:
+            failed = self.failed + self.retrying
+            return SweepResult(self.done, self.sent, failed, self.dead)
+
+    def _show(self, advanced: int) -> None:
+        if self._bar is not None:
+            if self._bar.total != self.total:
+                self._bar.total = self.total
+            self._bar.set_postfix(self._postfix(), refresh=False)
+            self._bar.update(advanced)
+            return
+        now = time.monotonic()
+        if now - self._told >= self.every_s:
+            self._told = now
+            self._line(now)
+
+    def _postfix(self) -> dict[str, int]:
+        return {"sent": self.sent, "retry_later": self.failed + self.retrying, "dead": self.dead}
+
+    def _line(self, now: float) -> None:
+        rate = self.sent / max(now - self.started, 1e-9)
+        counts = " ".join(f"{k}={v}" for k, v in self._postfix().items())
+        self.stream.write(f"{self.what}: {self.done}/{self.total} {counts} ({rate:,.0f} msg/s)\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+            self._redirect.close()
+
+
+@contextmanager
+def progress(what: str, total: int, **kwargs: object) -> Iterator[Progress]:
+    """A Progress closed (its bar cleared from the terminal) however the block ends."""
+    shown = Progress(what, total, **kwargs)  # type: ignore[arg-type]
+    try:
+        yield shown
+    finally:
+        shown.close()
