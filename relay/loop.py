@@ -16,6 +16,7 @@ from collections.abc import Coroutine
 from typing import Any, Protocol, TypeVar
 
 from relay.brokers import Broker
+from relay.outage import Outage
 from relay.part import START_TIMEOUT_S, Lifecycle
 
 log = logging.getLogger("relay.loop")
@@ -47,6 +48,9 @@ class ConnectionLoop(Lifecycle):
         self._ready = threading.Event()
         self._connected = threading.Event()
         self._done: asyncio.Event | None = None
+        # One per broker, shared by all that publish through this loop (the sweeper too)
+        # and by the adapter's own reconnects when it tracks them (NATS does).
+        self.outage: Outage = getattr(connection, "outage", None) or Outage("broker", log)
 
     def _start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
@@ -105,11 +109,10 @@ class ConnectionLoop(Lifecycle):
             try:
                 await self.connection.connect()
                 self._connected.set()
+                self.outage.ok()
                 return
             except Exception as exc:
-                log.warning(
-                    "broker connect failed (%s); retrying in %.1f s", exc.__class__.__name__, wait
-                )
+                self.outage.failed(f"connect failed ({exc.__class__.__name__})")
             await asyncio.sleep(wait)
             wait = min(wait * 2, 5.0)
 

@@ -111,15 +111,15 @@ class Sweeper:
                 big = store.load_payloads(conn, rows)
                 prepared = [checked_message(r, big.get(r.id), self.known) for r in rows]
                 results = self._publish(prepared)
-                if results is None:
-                    raise _BrokerUnreachable
                 report = self._record(conn, rows, results)
-        except _BrokerUnreachable:
+        except _BrokerUnreachable as why:
             if self._stopping.is_set():
                 log.info("sweep: stopping, batch of %d left pending", len(rows))
             else:
-                log.warning("sweep: broker unreachable, batch of %d left as it was", len(rows))
+                self.broker_loop.outage.failed(f"{why}; sweep: batch of {len(rows)} left pending")
             return SweepResult(claimed=len(rows), aborted=True)
+        if any(isinstance(m, Message) for m in prepared):  # the broker answered
+            self.broker_loop.outage.ok()
         result = sweep_result(report)
         log.log(
             self.batch_log_level,
@@ -193,24 +193,23 @@ class Sweeper:
                     log.info("retention: purged=%d", purged)
                 return purged
 
-    def _publish(self, prepared: list[Message | PublishResult]) -> list[PublishResult] | None:
-        """One result per row (the broker's, or the row's own refusal), or None when
-        the broker could not be asked at all."""
+    def _publish(self, prepared: list[Message | PublishResult]) -> list[PublishResult]:
+        """One result per row (the broker's, or the row's own refusal); _BrokerUnreachable
+        when the broker could not be asked at all."""
         messages = [m for m in prepared if isinstance(m, Message)]
         if not messages:
             return [r for r in prepared if isinstance(r, PublishResult)]
         if self._stopping.is_set() or not self.broker_loop.running:
-            return None
+            raise _BrokerUnreachable("stopping" if self._stopping.is_set() else "loop stopped")
         loop = self.broker_loop
         try:
             with publish_span(messages):
                 answers = loop.submit(publish_isolated(loop.broker, messages))
                 results = answers.result(self.settings.publish_timeout_s)
         except Exception as exc:  # timeout, loop closed: the broker was not answering
-            log.warning("sweep publish of %d message(s) failed: %r", len(messages), exc)
-            return None
+            raise _BrokerUnreachable(f"publish failed: {exc!r}") from None
         if all(r.outcome is Outcome.RETRY and r.error == NOT_CONNECTED for r in results):
-            return None
+            raise _BrokerUnreachable("not connected")
         found = iter(results)
         return [next(found) if isinstance(m, Message) else m for m in prepared]
 
@@ -263,7 +262,7 @@ def sweep_result(report: BatchReport) -> SweepResult:
 
 
 class _BrokerUnreachable(Exception):
-    """Raised inside the claiming transaction to roll it back."""
+    """Raised inside the claiming transaction to roll it back; the message says why."""
 
 
 class Cursor:

@@ -13,8 +13,10 @@ import time
 from datetime import datetime
 
 from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy.exc import SQLAlchemyError
 
 from outbox import migrate
+from relay.outage import Outage
 from relay.part import Lifecycle
 from relay.sweeper import Sweeper
 
@@ -37,6 +39,7 @@ class SweeperJobs(Lifecycle):
         self._scheduler: BackgroundScheduler | None = None
         self._schema_ok = False
         self._schema_told: str | None = None  # the problem last logged, not to repeat it
+        self.database = Outage("database", log)  # a sweep a second would log each failure
 
     def _start(self) -> None:
         scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
@@ -74,13 +77,20 @@ class SweeperJobs(Lifecycle):
         try:
             if self._schema_at_head():
                 self.sweeper.sweep(self.concurrency)
-        except Exception:  # the next interval tries again; a failing DB must not kill the job
+        except SQLAlchemyError as exc:  # the next interval tries again
+            self.database.failed(f"sweep failed: {describe(exc)}")
+            return
+        except Exception:  # a bug, not an outage: its traceback; the job goes on
             log.exception("sweep failed")
+            return
+        self.database.ok()
 
     def _purge(self) -> None:
         try:
             if self._schema_at_head():
                 self.sweeper.purge()
+        except SQLAlchemyError as exc:  # the database is down: the sweep's outage says so
+            self.database.failed(f"retention purge failed: {describe(exc)}")
         except Exception:
             log.exception("retention purge failed")
 
@@ -110,3 +120,10 @@ def shut_down(scheduler: BackgroundScheduler) -> None:
     just shut down (and log a traceback)."""
     scheduler.remove_all_jobs()  # under the job stores' lock: no submit can follow it
     scheduler.shutdown(wait=True)
+
+
+def describe(exc: SQLAlchemyError) -> str:
+    """The error's class and first line, without SQLAlchemy's SQL echo and links."""
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0] if lines else ''}"

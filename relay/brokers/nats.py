@@ -45,6 +45,7 @@ from outbox.errors import ConfigError, OutboxError
 from outbox.message import Message, carried_headers
 from outbox.secrets import mask_url
 from relay.brokers.base import NOT_CONNECTED, Chunk, unexpected, unreachable, utc
+from relay.outage import Outage
 
 log = logging.getLogger("relay.brokers.nats")
 
@@ -106,6 +107,7 @@ class NatsBroker(Broker, LogReader):
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self._closing = False
+        self.outage = Outage(f"broker {mask_url(self.url)}", log)  # the loop's too
         self._inbox = ""  # "<reply prefix>.": acks come to "<reply prefix>.<token>"
         self._tokens = itertools.count()
         self._awaited: dict[str, tuple[_Batch, int]] = {}  # token -> (batch, index in it)
@@ -221,15 +223,15 @@ class NatsBroker(Broker, LogReader):
             await nc.close()
 
     async def _on_error(self, exc: Exception) -> None:
-        log.warning("nats %s: %s", mask_url(self.url), exc)
+        self.outage.failed(str(exc) or type(exc).__name__)  # each reconnect try: once, then 30 s
 
     async def _on_disconnected(self) -> None:
         self._fail_awaited(NOT_CONNECTED)
         if not self._closing:
-            log.warning("nats %s: disconnected", mask_url(self.url))
+            self.outage.failed("disconnected")
 
     async def _on_reconnected(self) -> None:
-        log.info("nats %s: reconnected", mask_url(self.url))
+        self.outage.ok()
 
     async def read_log(
         self,
