@@ -4,7 +4,7 @@ Run with `python -m bench.poison` (PostgreSQL + the wheel's nats-server). The sa
 paced workload as `outbox compare` runs first clean (the baseline, in the same run)
 and then with a share of its transactions carrying a message the broker refuses for
 good; each run has its own schema and nats-server. A poison row goes dead after
-``max_attempts`` sweeps while the healthy ones keep flowing; the figure is the
+``permanent_attempts`` sweeps while the healthy ones keep flowing; the figure is the
 healthy messages' commit -> ack latency (the relay's own clock: poison is never
 acked), p99 against the clean run's. The target is within 2x.
 """

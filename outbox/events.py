@@ -66,14 +66,15 @@ class RelayListener:
         """These attempts failed; each message is scheduled for another one."""
 
     def rejected(self, failed: Sequence[Failed]) -> None:
-        """The broker refused these for good on the fast path; the sweeper retries them
-        with backoff until they go dead."""
+        """The broker refused these for good on the fast path; the sweeper tries them
+        again, with backoff, until they go dead (``permanent_attempts``)."""
 
     def left_for_sweeper(self, msg_ids: Sequence[str], reason: Reason) -> None:
         """The fast path let these go; their rows stay pending for the sweeper."""
 
     def dead(self, failed: Sequence[Failed]) -> None:
-        """The sweeper gave up on these rows (``max_attempts``): they are marked dead."""
+        """The sweeper gave up on these rows (``max_attempts``, or ``permanent_attempts``
+        for a permanent failure): they are marked dead."""
 
     def swept(self, result: SweepResult, seconds: float) -> None:
         """A sweeper committed one batch of claimed rows (``seconds``: claim to commit)."""

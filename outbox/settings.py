@@ -70,6 +70,12 @@ class Settings:
     sweep_interval_s: float = option(1.0, "seconds between sweeps", flags=("--interval",))
     sweep_batch: int = option(500, "rows claimed (and locked) by one sweep")
     max_attempts: int = option(20, "sweeper attempts before a row is marked dead")
+    # A PERMANENT outcome (too large, refused, invalid row) will not succeed as it is:
+    # no need for hours of backoff. 3, not 1: an adapter may call a passing fault
+    # permanent (NATS's "no stream" while the stream is being created).
+    permanent_attempts: int = option(
+        3, "a permanent failure at this attempt (or later) marks the row dead"
+    )
     backoff_base_s: float = option(1.0, "first backoff; doubles per attempt, with jitter")
     backoff_cap_s: float = option(300.0, "the longest backoff")
     publish_timeout_s: float = option(10.0, "a sweep waits this long for the broker's answers")

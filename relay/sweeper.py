@@ -4,7 +4,8 @@ It takes pending rows older than ``sweeper_age_s`` (10 s, by the database clock)
 are due, oldest first, locked with SKIP LOCKED so that any number of sweepers, in
 apps and in ``outbox relay`` workers, share the work without a coordinator. A row
 that fails is retried later with exponential backoff and jitter, and is marked
-``dead`` after ``max_attempts``; a failing row never holds back the rows beside it.
+``dead`` after ``max_attempts`` (a permanent failure: after ``permanent_attempts``);
+a failing row never holds back the rows beside it.
 Listeners (outbox.events.RelayListener) hear each batch's outcomes once it is committed.
 
 Delivery is at least once: if the process dies between publishing and committing
@@ -227,7 +228,7 @@ class Sweeper:
                 continue
             error = f"{result.outcome.value}: {result.error}"[:2000]
             failed = Failed(msg_id, row.topic, row.attempts + 1, error)
-            dead = failed.attempt >= self.settings.max_attempts
+            dead = self.gives_up(result.outcome, failed.attempt)
             (report.dead if dead else report.retried).append(failed)
             failures.append(self._failure(row.id, failed, dead))
         if acks:
@@ -246,6 +247,13 @@ class Sweeper:
             "backoff_s": self.backoff(failed.attempt),
             "new_status": DEAD if dead else PENDING,
         }
+
+    def gives_up(self, outcome: Outcome, attempt: int) -> bool:
+        """Whether a failed ``attempt`` (1 for the first) marks the row dead: a permanent
+        failure after ``permanent_attempts``, any failure after ``max_attempts``."""
+        if outcome is Outcome.PERMANENT and attempt >= self.settings.permanent_attempts:
+            return True
+        return attempt >= self.settings.max_attempts
 
     def backoff(self, attempts: int) -> float:
         """Seconds before the next attempt: doubling from the base, capped, with jitter."""

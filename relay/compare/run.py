@@ -23,7 +23,7 @@ Poison (``poison_rate``): that share of the transactions, all through the run, c
 a payload the broker refuses for good (1 MiB: with the headers over nats-server's
 max_payload of 1 MiB; the run's outbox raises ``max_payload_bytes`` to 2 MiB, as an app
 may, so that ``send()`` takes it). Model A commits it and dead-letters
-it after ``max_attempts``; model B's half send fails, so the transaction never runs.
+it after ``permanent_attempts``; model B's half send fails, so the transaction never runs.
 Only those dead rows are excused: any other dead row counts as lost.
 """
 
@@ -82,7 +82,7 @@ QUICK_OUTBOX: dict[str, Any] = {
     "backoff_base_s": 0.2,
     "backoff_cap_s": 2.0,
     "publish_timeout_s": 2.0,
-    "max_attempts": 8,  # a poison row is dead about 10 s after its commit
+    "max_attempts": 8,  # a retryable failure: dead about 10 s after its commit (poison: sooner)
     "max_payload_bytes": 2 * 1024 * 1024,  # so that send() takes the poison (see POISON)
 }
 QUICK_COORDINATOR = CoordinatorSettings(check_interval_s=0.5, transaction_timeout_s=1.0)

@@ -26,6 +26,7 @@ from relay.loop import BrokerLoop
 from relay.sweeper import Sweeper
 from relay.sweeper_jobs import SweeperJobs
 from relay.testing.embedded import NatsServer
+from relay.testing.faults import FaultyBroker
 from relay.testing.memory import MemoryBroker
 from tests.helpers import running
 
@@ -149,6 +150,31 @@ def test_poison_message_goes_dead_while_healthy_ones_flow(
     done = subprocess.run(requeue, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0 and "requeued 1" in done.stdout, done.stderr
     assert statuses(engine) == Counter({"sent": 1000, "pending": 1})
+
+
+def test_a_permanent_failure_goes_dead_after_permanent_attempts_a_retryable_one_does_not(
+    engine: Engine, nats_server: NatsServer, stream: tuple[str, str], loops: list[BrokerLoop]
+) -> None:
+    """nats-server refuses the oversized message for good (max_payload): dead after
+    permanent_attempts, not max_attempts; a retryable failure keeps its schedule."""
+    from outbox.broker import retry
+
+    name, prefix = stream
+    [nacked] = commit_messages(engine, 1, f"{prefix}.flaky")
+    [big] = commit_messages(engine, 1, f"{prefix}.big", b"x" * (1024 * 1024))
+    age_rows(engine)
+    nats = NatsBroker(f"{nats_server.url}?stream={name}&subjects={prefix}.>")
+    broker = FaultyBroker(nats, {nacked: retry("nacked")})
+    settings = Settings(permanent_attempts=2, max_attempts=20, sweep_batch=10)
+    sweeper = Sweeper(engine, running(broker, loops), settings)
+    for sweep in (1, 2, 3):  # as `outbox drain` does: every row once per sweep
+        result = sweeper.sweep(min_age_s=0, due_only=False)
+        assert result.dead == (1 if sweep == 2 else 0), sweep
+    with engine.connect() as conn:
+        rows = {str(r.msg_id): r for r in conn.execute(select(t))}
+    assert (rows[big].status, rows[big].attempts) == ("dead", 2)
+    assert rows[big].last_error.startswith("permanent: ") and "MaxPayload" in rows[big].last_error
+    assert (rows[nacked].status, rows[nacked].attempts) == ("pending", 3)
 
 
 def test_failures_back_off_and_are_not_retaken_before_due(
