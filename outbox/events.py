@@ -89,6 +89,10 @@ class SweepResult:
     failed: int = 0  # scheduled for another attempt
     dead: int = 0
     aborted: bool = False  # the broker was unreachable: nothing was recorded
+    # Why they failed: the error cut to one line -> how many (what `outbox drain` and
+    # `outbox relay` print under their counts: "5 x permanent: message too large").
+    retry_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
+    dead_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def __iadd__(self, other: SweepResult) -> SweepResult:
         self.claimed += other.claimed
@@ -96,6 +100,8 @@ class SweepResult:
         self.failed += other.failed
         self.dead += other.dead
         self.aborted = self.aborted or other.aborted
+        self.retry_reasons += other.retry_reasons
+        self.dead_reasons += other.dead_reasons
         return self
 
 

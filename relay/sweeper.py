@@ -19,6 +19,7 @@ import logging
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -266,7 +267,21 @@ class Sweeper:
 def sweep_result(report: BatchReport) -> SweepResult:
     """The counts of one swept batch: each claimed row was sent, retried or dead."""
     claimed = len(report.sent) + len(report.retried) + len(report.dead)
-    return SweepResult(claimed, len(report.sent), len(report.retried), len(report.dead))
+    return SweepResult(
+        claimed, len(report.sent), len(report.retried), len(report.dead),
+        retry_reasons=Counter(reason(f.error) for f in report.retried),
+        dead_reasons=Counter(reason(f.error) for f in report.dead),
+    )  # fmt: skip
+
+
+REASON_CHARS = 120  # a reason is one line of a summary
+
+
+def reason(error: str) -> str:
+    """An error as a summary groups it: its first line, spaces collapsed, cut."""
+    lines = error.strip().splitlines()
+    line = " ".join(lines[0].split()) if lines else "(no error text)"
+    return line if len(line) <= REASON_CHARS else line[: REASON_CHARS - 3] + "..."
 
 
 class _BrokerUnreachable(Exception):

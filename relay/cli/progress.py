@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TextIO
@@ -44,6 +45,11 @@ class Progress:
         self.every_s = every_s
         self.sent = self.failed = self.dead = 0
         self.retrying = 0  # failed rows of an earlier pass, not yet claimed again
+        # Why rows failed (relay.sweeper.reason): the dead ones, the ones failed in this
+        # pass, and the earlier passes' failures that are not claimed again yet.
+        self.dead_reasons: Counter[str] = Counter()
+        self.retry_reasons: Counter[str] = Counter()
+        self.earlier_reasons: Counter[str] = Counter()
         self.started = self._told = time.monotonic()
         self._lock = threading.Lock()
         self._redirect = ExitStack()
@@ -68,6 +74,8 @@ class Progress:
             self.sent += batch.sent
             self.failed += batch.failed
             self.dead += batch.dead
+            self.dead_reasons += batch.dead_reasons
+            self.retry_reasons += batch.retry_reasons
             if self.done > self.total:  # rows that arrived during the command
                 self.total = self.done
             self._show(self.done - before)
@@ -77,12 +85,18 @@ class Progress:
         with self._lock:
             self.retrying += self.failed
             self.failed = 0
+            self.earlier_reasons, self.retry_reasons = self.retry_reasons, Counter()
 
     def result(self) -> SweepResult:
         """The totals: each row in exactly one of sent, failed (retry later), dead."""
         with self._lock:
             failed = self.failed + self.retrying
-            return SweepResult(self.done, self.sent, failed, self.dead)
+            why_retry = self.retry_reasons.copy()
+            if self.retrying:  # a pass stopped early: the rows it did not claim again failed
+                why_retry += self.earlier_reasons  # for the earlier pass's reasons (roughly)
+            return SweepResult(
+                self.done, self.sent, failed, self.dead, False, why_retry, self.dead_reasons.copy()
+            )
 
     def _show(self, advanced: int) -> None:
         if self._bar is not None:

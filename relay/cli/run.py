@@ -52,7 +52,8 @@ def add_relay(commands: Commands) -> None:
         "rows. Run any number of workers, on any number of machines, against one database.",
         epilog="SIGTERM or SIGINT: the sweep in hand finishes its batch (or, past "
         "--stop-timeout, its rows stay pending for the next worker), the worker logs "
-        "'relay worker stopped by SIGTERM: sent=N retry_later=N dead=N' and exits 0. A second "
+        "'relay worker stopped by SIGTERM: sent=N retry_later=N dead=N', then one line per "
+        "failure reason ('5 x permanent: ... (dead)'), and exits 0. A second "
         "signal exits at once with 130 (SIGINT) or 143 (SIGTERM); rows in flight stay pending.",
     )
     add_db_flag(rel)
@@ -79,7 +80,9 @@ def add_drain(commands: Commands) -> None:
         help="publish everything pending now, once, with progress",
         description="One-shot sweep of every pending message regardless of age and backoff, "
         "for recovering a large backlog.",
-        epilog="Exit status: 0 all sent, 3 some went dead (`outbox status`), else 1 some "
+        epilog="The summary line is followed by one line per failure reason, e.g. '5 x "
+        "permanent: ... (dead)'; `outbox dead` lists the messages. "
+        "Exit status: 0 all sent, 3 some went dead (`outbox status`), else 1 some "
         "failed and stay pending (retried later) or the broker became unreachable, 130 stopped "
         "by SIGINT (Ctrl-C), 143 stopped by SIGTERM. On either signal the batches in flight are "
         "finished (published and marked) or left pending, never half-marked; no new batch is "
@@ -132,10 +135,17 @@ def cmd_relay(args: argparse.Namespace) -> int:
     )
     if not finished:  # a sweep's transaction is open: exiting rolls it back (rows pending)
         log.info("%s; stop timeout passed, the batch in flight stays pending", line)
+        log_reasons(totals)
         exit_now(EXIT_OK)
     engine.dispose()
     log.info("%s", line)
+    log_reasons(totals)
     return EXIT_OK
+
+
+def log_reasons(result: SweepResult) -> None:
+    for line in reason_lines(result):
+        log.info("%s", line)
 
 
 def defer_stop_signals() -> None:
@@ -283,6 +293,8 @@ def report_drain(
             f"of {total} pending in {seconds:.2f} s ({result.sent / max(seconds, 1e-9):,.0f} msg/s)"
             + why,
         )
+        for line in reason_lines(result):
+            print(line)
     if stopped_by is not None:
         return exit_status(stopped_by)
     return drain_status(result)
@@ -310,7 +322,30 @@ def drain_document(
         "stopped_by": stopped,
         "stop_timeout_passed": late,
         "broker_unreachable": result.aborted,
+        "failures": [
+            {"count": n, "reason": why, "fate": fate} for n, why, fate in counted_reasons(result)
+        ],
     }
+
+
+REASONS_SHOWN = 10
+
+
+def counted_reasons(result: SweepResult) -> list[tuple[int, str, str]]:
+    """(how many, reason, fate: dead or retry later), most frequent first."""
+    counted = [(n, why, "dead") for why, n in result.dead_reasons.items()]
+    counted += [(n, why, "retry later") for why, n in result.retry_reasons.items()]
+    return sorted(counted, key=lambda c: (-c[0], c[1], c[2]))
+
+
+def reason_lines(result: SweepResult) -> list[str]:
+    """The failures grouped by reason, most frequent first: '  5 x permanent: ... (dead)'."""
+    counted = counted_reasons(result)
+    lines = [f"  {n} x {why} ({fate})" for n, why, fate in counted[:REASONS_SHOWN]]
+    if len(counted) > REASONS_SHOWN:
+        rest = len(counted) - REASONS_SHOWN
+        lines.append(f"  ... and {rest} more reason(s): `outbox dead` lists the messages")
+    return lines
 
 
 class Background(threading.Thread):
