@@ -15,6 +15,7 @@ from sqlalchemy import (
     BigInteger,
     Connection,
     Delete,
+    LargeBinary,
     Select,
     String,
     Update,
@@ -337,3 +338,69 @@ def unknown_ids(conn: Connection, msg_ids: Sequence[str]) -> list[str]:
 def pending_count(conn: Connection) -> int:
     """-- pending_count -- for progress reports."""
     return int(conn.execute(select(func.count()).where(t.c.status == PENDING)).scalar_one())
+
+
+FAILING = "failing"  # not a status: pending rows with a failed attempt (`outbox dead`)
+
+
+class Failure(NamedTuple):
+    """One row of `outbox dead`: a dead message, or a pending one whose attempts failed."""
+
+    id: int
+    msg_id: Any  # uuid.UUID
+    status: str
+    topic: str
+    attempts: int
+    created_at: datetime
+    next_attempt_at: datetime | None
+    last_error: str | None
+
+
+def failures_stmt(
+    kinds: Sequence[str], topic: str | None, limit: int, before_id: int | None
+) -> Select[Any]:
+    """-- failures -- dead rows and/or failing ones (pending, attempts > 0), newest first,
+    ``limit`` of them with ids below ``before_id`` (the page before)."""
+    chosen = []
+    if DEAD in kinds:
+        chosen.append(t.c.status == DEAD)
+    if FAILING in kinds:
+        chosen.append(and_(t.c.status == PENDING, t.c.attempts > 0))
+    query = select(*(t.c[name] for name in Failure._fields)).where(or_(*chosen))
+    if topic is not None:
+        query = query.where(t.c.topic == topic)
+    if before_id is not None:
+        query = query.where(t.c.id < before_id)
+    return query.order_by(t.c.id.desc()).limit(limit)
+
+
+def failures(
+    conn: Connection, kinds: Sequence[str], topic: str | None, limit: int, before_id: int | None
+) -> list[Failure]:
+    return [
+        Failure._make(row) for row in conn.execute(failures_stmt(kinds, topic, limit, before_id))
+    ]
+
+
+def row_id_of(conn: Connection, msg_id: str) -> int | None:
+    """-- row_id -- the row id of a msg_id, None when no row has it."""
+    found = conn.execute(select(t.c.id).where(t.c.msg_id == uuid.UUID(msg_id))).scalar()
+    return None if found is None else int(found)
+
+
+def message_stmt(msg_id: str, preview_bytes: int | None) -> Select[Any]:
+    """-- message -- one row by msg_id: every column, the payload's first ``preview_bytes``
+    (all of it when None) as ``payload`` and its full length as ``size``."""
+    payload: Any = t.c.payload
+    if preview_bytes is not None:
+        payload = func.substr(t.c.payload, 1, preview_bytes, type_=LargeBinary())
+    columns = [c for c in t.c if c.name != "payload"]
+    return select(*columns, payload.label("payload"), func.length(t.c.payload).label("size")).where(
+        t.c.msg_id == uuid.UUID(msg_id)
+    )
+
+
+def message(conn: Connection, msg_id: str, preview_bytes: int | None) -> dict[str, Any] | None:
+    """One message's row as a dict (see message_stmt), None when no row has ``msg_id``."""
+    row = conn.execute(message_stmt(msg_id, preview_bytes)).one_or_none()
+    return None if row is None else dict(row._mapping)

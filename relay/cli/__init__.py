@@ -2,6 +2,7 @@
 
 - relay.cli.schema: migrate, status, requeue;
 - relay.cli.run: relay, drain;
+- relay.cli.messages: dead, show;
 - relay.cli.data: export, reconcile;
 - relay.cli.modelb: coordinator, compare.
 
@@ -28,7 +29,7 @@ from outbox.engines import check_broker_url, check_db_url
 from outbox.errors import ConfigError, OutboxError
 from outbox.secrets import mask_url, scrub
 from outbox.settings import Settings
-from relay.cli import data, modelb, run, schema
+from relay.cli import data, messages, modelb, run, schema
 from relay.cli.app import use_app
 from relay.cli.common import (
     EXIT_FAILED,
@@ -41,7 +42,7 @@ from relay.cli.common import (
 )
 from relay.cli.settings_flags import settings_from_args
 
-GROUPS = (schema, run, data, modelb)
+GROUPS = (schema, messages, run, data, modelb)
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     name: handler for group in GROUPS for name, handler in group.COMMANDS.items()
 }

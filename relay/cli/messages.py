@@ -1,0 +1,241 @@
+"""`outbox dead` and `outbox show`: which messages failed, why, and one message in full.
+
+`outbox dead` rather than `outbox messages --status ...`: it is the question an operator
+asks after `outbox status` reports dead rows (exit 3) or a drain reports failures, and
+`dead` is what the table, the listener hook and `requeue --dead` call them. It lists
+the failing ones too (pending, with failed attempts), which are on their way there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from outbox import migrate
+from outbox.errors import OutboxError
+from outbox.table import DEAD
+from relay import store
+from relay.cli.common import EXIT_OK, Commands, add_db_flag, database, msg_id, positive_int
+
+KINDS = {"dead": (DEAD,), "failing": (store.FAILING,), "both": (DEAD, store.FAILING)}
+ERROR_CHARS = 100  # the last error in `outbox dead`'s table: one line, cut
+PREVIEW_BYTES = 1024  # `outbox show` prints this much of the payload unless --full
+# What the table keeps of a message's past: one row, overwritten by each attempt.
+HISTORY = (
+    "the table keeps the latest attempt only: attempts counts them, last_error and "
+    "next_attempt_at are the last one's; sent_at and receipt once sent"
+)
+
+
+class UnknownMessage(OutboxError):
+    """No row has the msg_id asked for."""
+
+
+def add_dead(commands: Commands) -> None:
+    dead = commands.add_parser(
+        "dead",
+        help="list dead and failing messages with their last error, newest first",
+        description="List dead messages and failing ones (pending, with failed attempts): "
+        "msg_id, status, topic, attempts, age, last error. Newest first, a page at a time.",
+        epilog="The next page: the same command with --before the last msg_id listed (the "
+        "table's last line says so; --json: next_before). `outbox show MSG_ID` prints one "
+        "message; `outbox requeue --id MSG_ID` or `--dead` puts messages back.",
+    )
+    add_db_flag(dead)
+    dead.add_argument(
+        "--status", choices=sorted(KINDS), default="both", help="which ones (default both)"
+    )
+    dead.add_argument("--topic", help="only this topic")
+    dead.add_argument(
+        "--limit", type=positive_int, default=20, help="messages per page (default 20)"
+    )
+    dead.add_argument("--before", type=msg_id, metavar="MSG_ID", help="the page after this message")
+    dead.add_argument("--json", action="store_true", help="one JSON document")
+
+
+def add_show(commands: Commands) -> None:
+    show = commands.add_parser(
+        "show",
+        help="print one message: status, attempts, last error, headers, payload",
+        description="Print one message's row: status, topic, key, tags, attempts, times, "
+        "last error, headers and the start of its payload. " + HISTORY.capitalize() + ".",
+        epilog="An unknown msg_id is an error. Text is printed with control characters "
+        "escaped; a payload that is not UTF-8 is printed as escaped bytes (base64 in --json).",
+    )
+    add_db_flag(show)
+    show.add_argument("msg_id", type=msg_id, metavar="MSG_ID", help="the message's msg_id")
+    show.add_argument(
+        "--bytes",
+        type=positive_int,
+        default=PREVIEW_BYTES,
+        help=f"payload bytes to print (default {PREVIEW_BYTES})",
+    )
+    show.add_argument("--full", action="store_true", help="print the whole payload")
+    show.add_argument("--json", action="store_true", help="one JSON document")
+
+
+def cmd_dead(args: argparse.Namespace) -> int:
+    engine = database(args, reads=True)
+    try:
+        migrate.require_schema(engine)
+        with engine.connect() as conn:
+            now = store.db_clock(conn)
+            before = None if args.before is None else known_row(conn, args.before)
+            rows = store.failures(conn, KINDS[args.status], args.topic, args.limit, before)
+    finally:
+        engine.dispose()
+    more = str(rows[-1].msg_id) if len(rows) == args.limit else None
+    if args.json:
+        listed = [failure_json(r, now) for r in rows]
+        print(json.dumps({"now": now.isoformat(), "messages": listed, "next_before": more}))
+    else:
+        print_failures(rows, now, more)
+    return EXIT_OK
+
+
+def known_row(conn: Any, wanted: str) -> int:
+    row_id = store.row_id_of(conn, wanted)
+    if row_id is None:
+        raise UnknownMessage(f"no message has msg_id {wanted}")
+    return row_id
+
+
+def failure_json(row: store.Failure, now: datetime) -> dict[str, Any]:
+    return {
+        "msg_id": str(row.msg_id),
+        "status": row.status if row.status == DEAD else store.FAILING,
+        "topic": row.topic,
+        "attempts": row.attempts,
+        "created_at": row.created_at.isoformat(),
+        "age_s": round((now - row.created_at).total_seconds(), 3),
+        "next_attempt_at": row.next_attempt_at.isoformat() if row.next_attempt_at else None,
+        "last_error": row.last_error,
+    }
+
+
+def print_failures(rows: Sequence[store.Failure], now: datetime, more: str | None) -> None:
+    if not rows:
+        print("no dead or failing messages")
+        return
+    header = ["msg_id", "status", "topic", "attempts", "age", "last_error"]
+    table = [
+        [
+            str(r.msg_id),
+            r.status if r.status == DEAD else store.FAILING,
+            safe(r.topic),
+            str(r.attempts),
+            duration((now - r.created_at).total_seconds()),
+            one_line(r.last_error or "", ERROR_CHARS),
+        ]
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(header)]
+    for row in [header, *table]:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    if more:
+        print(f"more: --before {more}")
+
+
+def duration(seconds: float) -> str:
+    """An age as an operator reads it: 42s, 7m, 3h, 2d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{max(seconds, 0):.0f}s"
+
+
+def one_line(text: str, limit: int) -> str:
+    line = safe(" ".join(text.split()))
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def safe(text: str) -> str:
+    """Text fit for a terminal: control characters (a planted row may hold escapes) escaped."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    engine = database(args, reads=True)
+    try:
+        migrate.require_schema(engine)
+        with engine.connect() as conn:
+            row = store.message(conn, args.msg_id, None if args.full else args.bytes)
+    finally:
+        engine.dispose()
+    if row is None:
+        raise UnknownMessage(f"no message has msg_id {args.msg_id}")
+    if args.json:
+        print(json.dumps(message_json(row)))
+    else:
+        print_message(row)
+    return EXIT_OK
+
+
+def utf8(payload: bytes, cut: bool) -> str | None:
+    """The payload as text, None when it is not UTF-8 (a cut may split its last character)."""
+    try:
+        return payload.decode()
+    except UnicodeDecodeError as exc:
+        if cut and exc.start >= len(payload) - 3 and exc.reason == "unexpected end of data":
+            return payload[: exc.start].decode()
+        return None
+
+
+def message_json(row: dict[str, Any]) -> dict[str, Any]:
+    payload = bytes(row["payload"])
+    text = utf8(payload, len(payload) < row["size"])
+    if text is not None:
+        preview, encoding = text, "utf-8"
+    else:
+        preview, encoding = base64.b64encode(payload).decode(), "base64"
+    times = ("created_at", "next_attempt_at", "sent_at")
+    shown = {k: v.isoformat() if k in times and v else v for k, v in row.items()}
+    del shown["id"], shown["payload"], shown["size"]
+    return {
+        **shown,
+        "msg_id": str(row["msg_id"]),
+        "payload_bytes": row["size"],
+        "payload_preview": preview,
+        "payload_encoding": encoding,
+        "payload_cut": len(payload) < row["size"],
+        "history": HISTORY,
+    }
+
+
+def print_message(row: dict[str, Any]) -> None:
+    fields = ("msg_id", "status", "topic", "key", "tags", "attempts", "created_at",
+              "next_attempt_at", "sent_at", "receipt", "last_error")  # fmt: skip
+    for name in fields:
+        value = row[name]
+        print(f"{name + ':':<16} {'-' if value is None else safe(str(value))}")
+    headers = row["headers"]
+    if isinstance(headers, dict) and headers:
+        print("headers:")
+        for name, value in headers.items():
+            print(f"  {safe(str(name))}: {safe(str(value))}")
+    else:
+        print(f"{'headers:':<16} {'-' if not headers else safe(json.dumps(headers))}")
+    payload = bytes(row["payload"])
+    cut = len(payload) < row["size"]
+    print(f"payload: {row['size']} bytes" + (f", the first {len(payload)} shown" if cut else ""))
+    print(payload_text(payload, cut))
+    print(f"history: {HISTORY}")
+
+
+def payload_text(payload: bytes, cut: bool) -> str:
+    """UTF-8 as text (line breaks kept), anything else as escaped bytes: b'\\x00...'."""
+    text = utf8(payload, cut)
+    if text is None:
+        return repr(payload)
+    return "\n".join(safe(line) for line in text.split("\n"))
+
+
+PARSERS = (add_dead, add_show)
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "dead": cmd_dead,
+    "show": cmd_show,
+}
