@@ -8,17 +8,19 @@ from __future__ import annotations
 import base64
 import json
 import re
+import signal
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
-from sqlalchemy import create_engine, update
+from sqlalchemy import create_engine, func, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from outbox import Outbox, migrate, outbox_message
 from relay.testing.embedded import NatsServer
+from tests.helpers import wait_until
 
 t = outbox_message
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
@@ -167,3 +169,38 @@ def test_dead_and_show_explain_themselves() -> None:
     for command in ("dead", "show"):
         done = cli(command, "--help")
         assert done.returncode == 0 and "--db" in done.stdout and "--json" in done.stdout
+
+
+def test_relay_worker_logs_its_failures_by_reason_when_stopped(
+    pg_url: str, nats_server: NatsServer, stream: tuple[str, str], tmp_path: Path
+) -> None:
+    name, prefix = stream
+    commit(pg_url, f"{prefix}.ok", [b"{}"] * 3)
+    big = commit(pg_url, f"{prefix}.big", [BIG] * 2)
+    broker = f"{nats_server.url}?stream={name}&subjects={prefix}.>"
+    quick = ["--sweeper-age-s", "0.2", "--handoff-limit-s", "0.1", "--sweep-interval-s", "0.1",
+             "--backoff-base-s", "0.01", "--backoff-cap-s", "0.02"]  # fmt: skip
+    err = (tmp_path / "stderr").open("w+")
+    worker = subprocess.Popen([OUTBOX, "relay", "--db", pg_url, "--broker", broker, *quick],
+                              stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+    try:
+        engine = create_engine(pg_url, poolclass=NullPool)
+        dead_ones = select(func.count()).where(t.c.status == "dead")
+
+        def all_dead() -> bool:
+            with engine.connect() as conn:
+                return bool(conn.execute(dead_ones).scalar_one() == len(big))
+
+        wait_until(all_dead, 60, "the oversized rows dead after permanent_attempts")
+        engine.dispose()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+    err.seek(0)
+    lines = err.read().splitlines()
+    assert worker.returncode == 0, lines[-20:]
+    [stopped] = [i for i, line in enumerate(lines) if "relay worker stopped by SIGTERM" in line]
+    assert "sent=3 retry_later=4 dead=2" in lines[stopped], lines[stopped]
+    reasons = [line.partition("relay.cli: ")[2] for line in lines[stopped + 1 :]]
+    error = "permanent: MaxPayloadError: 1048639 bytes > server max_payload 1048576"
+    assert reasons == [f"  4 x {error} (retry later)", f"  2 x {error} (dead)"], lines[stopped:]
