@@ -58,6 +58,11 @@ def test_drain_groups_its_failures_by_reason(
     refused = r"  2 x permanent: no JetStream stream captures .* \(dead\)"
     assert re.fullmatch(refused, lines[2]), lines
     assert len(lines) == 3, lines
+    commit(pg_url, f"{prefix}.big", [BIG])
+    as_json = json.loads(cli("drain", "--db", pg_url, "--broker", broker, "--json").stdout)
+    [failure] = as_json["failures"]
+    assert (failure["count"], failure["fate"]) == (1, "dead")
+    assert failure["reason"] == lines[1].split(" x ", 1)[1].removesuffix(" (dead)")
 
 
 def mark(db: str, msg_ids: list[str], **values: object) -> None:
