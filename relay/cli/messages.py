@@ -16,10 +16,18 @@ from datetime import datetime
 from typing import Any
 
 from outbox import migrate
-from outbox.errors import OutboxError
 from outbox.table import DEAD
 from relay import store
-from relay.cli.common import EXIT_OK, Commands, add_db_flag, database, msg_id, positive_int
+from relay.cli.common import (
+    EXIT_DATA,
+    EXIT_OK,
+    Commands,
+    UsageError,
+    add_db_flag,
+    database,
+    msg_id,
+    positive_int,
+)
 
 KINDS = {"dead": (DEAD,), "failing": (store.FAILING,), "both": (DEAD, store.FAILING)}
 ERROR_CHARS = 100  # the last error in `outbox dead`'s table: one line, cut
@@ -31,8 +39,11 @@ HISTORY = (
 )
 
 
-class UnknownMessage(OutboxError):
-    """No row has the msg_id asked for."""
+class UnknownMessage(UsageError):
+    """No row has the msg_id asked for (a typo, or purged): bad usage, as `requeue --id`."""
+
+    def __init__(self, flag: str, wanted: str) -> None:
+        super().__init__(f"{flag}: no message {wanted} (a typo, or purged by retention)")
 
 
 def add_dead(commands: Commands) -> None:
@@ -43,7 +54,9 @@ def add_dead(commands: Commands) -> None:
         "msg_id, status, topic, attempts, age, last error. Newest first, a page at a time.",
         epilog="The next page: the same command with --before the last msg_id listed (the "
         "table's last line says so; --json: next_before). `outbox show MSG_ID` prints one "
-        "message; `outbox requeue --id MSG_ID` or `--dead` puts messages back.",
+        "message; `outbox requeue --id MSG_ID` or `--dead` puts messages back. Exit status 3 "
+        "when it lists a dead message (as `outbox status`), 0 when none, 2 for an unknown "
+        "--before.",
     )
     add_db_flag(dead)
     dead.add_argument(
@@ -63,8 +76,9 @@ def add_show(commands: Commands) -> None:
         help="print one message: status, attempts, last error, headers, payload",
         description="Print one message's row: status, topic, key, tags, attempts, times, "
         "last error, headers and the start of its payload. " + HISTORY.capitalize() + ".",
-        epilog="An unknown msg_id is an error. Text is printed with control characters "
-        "escaped; a payload that is not UTF-8 is printed as escaped bytes (base64 in --json).",
+        epilog="An unknown msg_id is bad usage (exit status 2). Text is printed with control "
+        "characters escaped; a payload that is not UTF-8 is printed as escaped bytes "
+        "(base64 in --json).",
     )
     add_db_flag(show)
     show.add_argument("msg_id", type=msg_id, metavar="MSG_ID", help="the message's msg_id")
@@ -94,13 +108,13 @@ def cmd_dead(args: argparse.Namespace) -> int:
         print(json.dumps({"now": now.isoformat(), "messages": listed, "next_before": more}))
     else:
         print_failures(rows, now, more)
-    return EXIT_OK
+    return EXIT_DATA if any(r.status == DEAD for r in rows) else EXIT_OK
 
 
 def known_row(conn: Any, wanted: str) -> int:
     row_id = store.row_id_of(conn, wanted)
     if row_id is None:
-        raise UnknownMessage(f"no message has msg_id {wanted}")
+        raise UnknownMessage("--before", wanted)
     return row_id
 
 
@@ -167,7 +181,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     if row is None:
-        raise UnknownMessage(f"no message has msg_id {args.msg_id}")
+        raise UnknownMessage("MSG_ID", args.msg_id)
     if args.json:
         print(json.dumps(message_json(row)))
     else:

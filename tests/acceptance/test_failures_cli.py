@@ -51,7 +51,7 @@ def test_drain_groups_its_failures_by_reason(
     commit(pg_url, "elsewhere.x", [b"{}"] * 2)  # no stream captures it: refused for good
     broker = f"{nats_server.url}?stream={name}&subjects={prefix}.>"
     done = cli("drain", "--db", pg_url, "--broker", broker)
-    assert done.returncode == 1, done.stderr  # failures left: not clean
+    assert done.returncode == 3, done.stderr  # some went dead: the data needs a person
     lines = done.stdout.splitlines()
     assert lines[0].startswith("drained: sent=3 retry_later=0 dead=7 of 10 pending"), lines
     assert re.fullmatch(r"  5 x permanent: .*MaxPayload.* \(dead\)", lines[1]), lines
@@ -88,7 +88,7 @@ def failures_planted(db: str) -> tuple[list[str], list[str]]:
 def test_dead_lists_dead_and_failing_newest_first_a_page_at_a_time(any_db: str) -> None:
     dead, failing = failures_planted(any_db)
     done = cli("dead", "--db", any_db, "--json")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 3, done.stderr  # dead messages listed, as `outbox status`
     report = json.loads(done.stdout)
     listed = report["messages"]
     assert [m["msg_id"] for m in listed] == [*reversed(failing), *reversed(dead)]
@@ -118,12 +118,15 @@ def test_dead_lists_dead_and_failing_newest_first_a_page_at_a_time(any_db: str) 
 
     only_dead = json.loads(cli("dead", "--db", any_db, "--json", "--status", "dead").stdout)
     assert [m["msg_id"] for m in only_dead["messages"]] == list(reversed(dead))
+    only_failing = cli("dead", "--db", any_db, "--json", "--status", "failing")
+    assert only_failing.returncode == 0, only_failing.stderr  # failing, none dead yet
+    assert [m["msg_id"] for m in json.loads(only_failing.stdout)["messages"]] == failing[::-1]
 
 
 def test_dead_prints_a_table_with_one_line_errors(any_db: str) -> None:
     dead, failing = failures_planted(any_db)
     done = cli("dead", "--db", any_db, "--limit", "4")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 3, done.stderr
     header, *rows, more = done.stdout.splitlines()
     assert header.split() == ["msg_id", "status", "topic", "attempts", "age", "last_error"]
     assert rows[0].startswith(failing[-1]) and "retry: nacked \\x1b[31mred" in rows[0]
@@ -166,8 +169,11 @@ def test_show_prints_one_message_and_an_unknown_id_is_an_error(any_db: str) -> N
     unknown = str(uuid.uuid4())
     for command in (["show", unknown], ["dead", "--before", unknown]):
         missing = cli(*command, "--db", any_db)
-        assert missing.returncode == 1, missing
-        assert missing.stderr == f"outbox {command[0]}: no message has msg_id {unknown}\n"
+        assert missing.returncode == 2, missing  # bad usage, as `requeue --id`
+        flag = "MSG_ID" if command[0] == "show" else "--before"
+        assert missing.stderr == (
+            f"outbox {command[0]}: {flag}: no message {unknown} (a typo, or purged by retention)\n"
+        )
 
 
 def test_dead_and_show_explain_themselves() -> None:
