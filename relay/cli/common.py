@@ -26,8 +26,8 @@ EXIT_STATUSES = (
     ("1", "runtime error: database or broker unreachable, schema not at head, extra missing; "
      "drain left messages failing (run it again later)"),
     ("2", "usage error: a bad or missing flag or value, a msg_id that does not exist"),
-    ("3", "the data is wrong: dead messages (status, dead listed some; drain made some dead), lost or phantom "
-     "messages (reconcile, compare)"),
+    ("3", "the data is wrong: dead messages (status, dead listed some; drain made some "
+     "dead), lost or phantom messages (reconcile, compare)"),
     ("130, 143", "stopped by SIGINT (Ctrl-C) or SIGTERM (drain; relay on a second signal)"),
     ("141", "stdout closed by its reader (`outbox migrate --sql` piped to `head`): quietly"),
 )  # fmt: skip
