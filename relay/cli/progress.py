@@ -102,7 +102,8 @@ class Progress:
         if self._bar is not None:
             if self._bar.total != self.total:
                 self._bar.total = self.total
-            self._bar.set_postfix(self._postfix(), refresh=False)
+            # As text: tqdm would show a round 30000 as "3e+4".
+            self._bar.set_postfix({k: str(v) for k, v in self._postfix().items()}, refresh=False)
             self._bar.update(advanced)
             return
         now = time.monotonic()

@@ -60,3 +60,12 @@ def test_many_reasons_are_cut_to_the_commonest() -> None:
     lines = reason_lines(result)
     assert lines[0] == "  100 x permanent: reason 0 (dead)"
     assert len(lines) == REASONS_SHOWN + 1 and "3 more reason(s)" in lines[-1]
+
+
+def test_the_bar_shows_round_counts_as_numbers() -> None:
+    """tqdm formats a number postfix its own way: a round 30000 came out as 3e+4."""
+    stream = io.StringIO()
+    shown = Progress("drain", 30_000, stream=stream, tty=True)
+    shown.add(SweepResult(claimed=30_000, sent=30_000))
+    shown.close()
+    assert "sent=30000" in stream.getvalue() and "e+" not in stream.getvalue()
