@@ -29,6 +29,98 @@ from outbox.events import SweepResult
 SUMMARY_EVERY_S = float(os.environ.get("OUTBOX_PROGRESS_EVERY_S", "5"))
 
 
+class Display:
+    """Where a command's running totals go: a tqdm bar on a terminal, else a line every
+    ``every_s`` seconds. Shared by ``Progress`` (drain) and ``Counting`` (the others)."""
+
+    def __init__(
+        self,
+        what: str,
+        total: int | None,
+        unit: str,
+        stream: TextIO | None = None,
+        every_s: float | None = None,
+        tty: bool | None = None,
+    ) -> None:
+        self.what, self.unit = what, unit
+        self.every_s = SUMMARY_EVERY_S if every_s is None else every_s  # read now: tests set it
+        self.stream = stream or sys.stderr
+        self.started = self._told = time.monotonic()
+        self._redirect = ExitStack()
+        self._bar: tqdm | None = None
+        if self.stream.isatty() if tty is None else tty:
+            # no total: tqdm shows the count and rate, without a bar or an ETA, and
+            # writes the unit right after the count ("90 rows", not "90rows")
+            shown_unit = unit if total is not None else f" {unit}"
+            self._bar = tqdm(
+                total=total, desc=what, unit=shown_unit, file=self.stream, dynamic_ncols=True
+            )
+            self._redirect.enter_context(logging_redirect_tqdm(tqdm_class=tqdm))
+
+    def show(
+        self, advanced: int, done: int, total: int | None, counts: dict[str, int], rated: int
+    ) -> None:
+        """``advanced`` more done; ``rated`` is the count the rate is of (drain: sent)."""
+        if self._bar is not None:
+            if self._bar.total != total:
+                self._bar.total = total
+            if counts:  # as text: tqdm would show a round 30000 as "3e+4"
+                self._bar.set_postfix({k: str(v) for k, v in counts.items()}, refresh=False)
+            self._bar.update(advanced)
+            return
+        now = time.monotonic()
+        if now - self._told >= self.every_s:
+            self._told = now
+            self.line(done, total, counts, rated, now)
+
+    def line(
+        self, done: int, total: int | None, counts: dict[str, int], rated: int, now: float
+    ) -> None:
+        rate = rated / max(now - self.started, 1e-9)
+        shown = f"{done}/{total}" if total is not None else f"{done} {self.unit}"
+        parts = [f"{self.what}: {shown}", *(f"{k}={v}" for k, v in counts.items())]
+        self.stream.write(f"{' '.join(parts)} ({rate:,.0f} {self.unit}/s)\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        self._redirect.close()
+
+
+class Counting:
+    """A plain count of one command's work (rows exported, rows requeued): ``add(n)``.
+
+    ``total`` when it is known cheaply; without one a terminal shows the count and the
+    rate, no ETA. A count past the total raises the total (rows that arrived meanwhile).
+    """
+
+    def __init__(
+        self,
+        what: str,
+        total: int | None = None,
+        unit: str = "rows",
+        stream: TextIO | None = None,
+        every_s: float | None = None,
+        tty: bool | None = None,
+    ) -> None:
+        self.total, self.done = total, 0
+        self._lock = threading.Lock()
+        self._display = Display(what, total, unit, stream, every_s, tty)
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+            if self.total is not None and self.done > self.total:
+                self.total = self.done
+            self._display.show(n, self.done, self.total, {}, self.done)
+
+    def close(self) -> None:
+        with self._lock:
+            self._display.close()
+
+
 class Progress:
     """Running totals of one command: ``add(batch)`` from any thread, ``close()`` once."""
 
@@ -37,12 +129,10 @@ class Progress:
         what: str,
         total: int,
         stream: TextIO | None = None,
-        every_s: float = SUMMARY_EVERY_S,
+        every_s: float | None = None,
         tty: bool | None = None,
     ) -> None:
         self.what, self.total = what, total
-        self.stream = stream or sys.stderr
-        self.every_s = every_s
         self.sent = self.failed = self.dead = 0
         self.retrying = 0  # failed rows of an earlier pass, not yet claimed again
         # Why rows failed (relay.sweeper.reason): the dead ones, the ones failed in this
@@ -50,15 +140,8 @@ class Progress:
         self.dead_reasons: Counter[str] = Counter()
         self.retry_reasons: Counter[str] = Counter()
         self.earlier_reasons: Counter[str] = Counter()
-        self.started = self._told = time.monotonic()
         self._lock = threading.Lock()
-        self._redirect = ExitStack()
-        self._bar: tqdm | None = None
-        if self.stream.isatty() if tty is None else tty:
-            self._bar = tqdm(
-                total=total, desc=what, unit="msg", file=self.stream, dynamic_ncols=True
-            )
-            self._redirect.enter_context(logging_redirect_tqdm(tqdm_class=tqdm))
+        self._display = Display(what, total, "msg", stream, every_s, tty)
 
     @property
     def done(self) -> int:
@@ -99,39 +182,30 @@ class Progress:
             )
 
     def _show(self, advanced: int) -> None:
-        if self._bar is not None:
-            if self._bar.total != self.total:
-                self._bar.total = self.total
-            # As text: tqdm would show a round 30000 as "3e+4".
-            self._bar.set_postfix({k: str(v) for k, v in self._postfix().items()}, refresh=False)
-            self._bar.update(advanced)
-            return
-        now = time.monotonic()
-        if now - self._told >= self.every_s:
-            self._told = now
-            self._line(now)
+        self._display.show(advanced, self.done, self.total, self._postfix(), self.sent)
 
     def _postfix(self) -> dict[str, int]:
         return {"sent": self.sent, "retry_later": self.failed + self.retrying, "dead": self.dead}
 
-    def _line(self, now: float) -> None:
-        rate = self.sent / max(now - self.started, 1e-9)
-        counts = " ".join(f"{k}={v}" for k, v in self._postfix().items())
-        self.stream.write(f"{self.what}: {self.done}/{self.total} {counts} ({rate:,.0f} msg/s)\n")
-        self.stream.flush()
-
     def close(self) -> None:
         with self._lock:
-            if self._bar is not None:
-                self._bar.close()
-                self._bar = None
-            self._redirect.close()
+            self._display.close()
 
 
 @contextmanager
 def progress(what: str, total: int, **kwargs: object) -> Iterator[Progress]:
     """A Progress closed (its bar cleared from the terminal) however the block ends."""
     shown = Progress(what, total, **kwargs)  # type: ignore[arg-type]
+    try:
+        yield shown
+    finally:
+        shown.close()
+
+
+@contextmanager
+def counting(what: str, total: int | None = None, **kwargs: object) -> Iterator[Counting]:
+    """A Counting closed (its bar cleared from the terminal) however the block ends."""
+    shown = Counting(what, total, **kwargs)  # type: ignore[arg-type]
     try:
         yield shown
     finally:
