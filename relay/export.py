@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sqlalchemy import Engine, Select, select
+from sqlalchemy import Engine, Select, func, select
 
 from outbox.broker import LogEntry, LogReader
 from outbox.engines import engine_from
@@ -39,25 +39,47 @@ from spark_jobs.schema import BROKER, HALFOP_LOG, LEDGER, RECORDS
 
 CHUNK = 50_000
 LogRow = dict[str, object]  # a Parquet row: the columns of its schema
+Added = Callable[[int], None]  # told each chunk's row count once it is written (progress)
+
+
+def nothing(_: int) -> None:
+    pass
 
 
 def export_ledger(
-    db: str | Engine, out: str | Path, since: datetime | None = None, until: datetime | None = None
+    db: str | Engine,
+    out: str | Path,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    added: Added = nothing,
 ) -> int:
     """Write outbox_message rows (created in [since, until)) to ``out`` (a .parquet file)."""
     columns = [t.c[name] for name in LEDGER.names]
     query = select(*columns).order_by(t.c.id)
-    return export_rows(db, windowed(query, t.c.created_at, since, until), out, LEDGER)
+    return export_rows(db, windowed(query, t.c.created_at, since, until), out, LEDGER, added)
+
+
+def ledger_count(
+    db: str | Engine, since: datetime | None = None, until: datetime | None = None
+) -> int:
+    """How many rows ``export_ledger`` will write (the progress bar's total)."""
+    query = windowed(select(func.count()).select_from(t), t.c.created_at, since, until)
+    with engine_from(db).connect() as conn:
+        return int(conn.execute(query).scalar_one())
 
 
 def export_records(
-    db: str | Engine, out: str | Path, since: datetime | None = None, until: datetime | None = None
+    db: str | Engine,
+    out: str | Path,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    added: Added = nothing,
 ) -> int:
     """Model B: SqlTransactionListener's records (the committed transactions) to ``out``."""
     columns = [transaction_record.c[name] for name in RECORDS.names]
     query = select(*columns).order_by(transaction_record.c.created_at)
     return export_rows(
-        db, windowed(query, transaction_record.c.created_at, since, until), out, RECORDS
+        db, windowed(query, transaction_record.c.created_at, since, until), out, RECORDS, added
     )
 
 
@@ -71,7 +93,9 @@ def windowed(
     return query
 
 
-def export_rows(db: str | Engine, query: Select[Any], out: str | Path, schema: pa.Schema) -> int:
+def export_rows(
+    db: str | Engine, query: Select[Any], out: str | Path, schema: pa.Schema, added: Added = nothing
+) -> int:
     """Stream a query's rows (columns in the schema's order) to Parquet via a server-side cursor."""
     written = 0
     with parquet_file(out, schema) as writer, engine_from(db).connect() as conn:
@@ -84,6 +108,7 @@ def export_rows(db: str | Engine, query: Select[Any], out: str | Path, schema: p
             }
             writer.write_table(pa.table(batch, schema=schema))
             written += len(rows)
+            added(len(rows))
     return written
 
 
@@ -125,6 +150,7 @@ def export_broker(
     out: str | Path,
     since: datetime | None = None,
     until: datetime | None = None,
+    added: Added = nothing,
 ) -> int:
     """Write what a broker's log holds (stored in [since, until)) to ``out``, for every
     broker alike: ``reader`` is its adapter (``relay.brokers.reader_for(url)``) or a test
@@ -134,11 +160,15 @@ def export_broker(
         async for entries in reader.read_log(sources, since, until):
             yield [log_row(entry) for entry in entries]
 
-    return write_async_chunks(rows(), out, BROKER)
+    return write_async_chunks(rows(), out, BROKER, added)
 
 
 def export_halfop_nats(
-    url: str, out: str | Path, since: datetime | None = None, until: datetime | None = None
+    url: str,
+    out: str | Path,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    added: Added = nothing,
 ) -> int:
     """Model B: the half, op and discarded streams in one file (schema HALFOP_LOG).
 
@@ -154,7 +184,7 @@ def export_halfop_nats(
         async for stream, entries in nats.read_entries(url, list(kinds), since, until, True):
             yield [halfop_row(kinds[stream], entry) for entry in entries]
 
-    return write_async_chunks(rows(), out, HALFOP_LOG)
+    return write_async_chunks(rows(), out, HALFOP_LOG, added)
 
 
 def halfop_row(kind: str, entry: LogEntry) -> LogRow:
@@ -174,7 +204,7 @@ def halfop_row(kind: str, entry: LogEntry) -> LogRow:
 
 
 def write_async_chunks(
-    chunks: AsyncIterator[list[LogRow]], out: str | Path, schema: pa.Schema
+    chunks: AsyncIterator[list[LogRow]], out: str | Path, schema: pa.Schema, added: Added = nothing
 ) -> int:
     """Write a reader's chunks to ``out``; nothing appears there if the reader fails."""
 
@@ -184,6 +214,7 @@ def write_async_chunks(
             async for rows in chunks:
                 writer.write_table(pa.Table.from_pylist(rows, schema=schema))
                 written += len(rows)
+                added(len(rows))
         return written
 
     return asyncio.run(write())

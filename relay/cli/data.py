@@ -10,6 +10,7 @@ from pathlib import Path
 from outbox.errors import OutboxError
 from relay.brokers import family_of, reader_for
 from relay.cli.common import EXIT_OK, Commands, UsageError, add_db_flag, required
+from relay.cli.progress import counting
 from spark_jobs import reconcile_job
 from spark_jobs.flags import iso_time
 
@@ -68,15 +69,20 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise OutboxError(f"--out {args.out}: no folder {folder}")
     if args.what == "ledger":
         db = required(args.db, "--db", "a ledger export (or set OUTBOX_DB)")
-        count = export.export_ledger(db, args.out, args.since, args.until)
+        total = export.ledger_count(db, args.since, args.until)
+        with counting("export ledger", total) as shown:
+            count = export.export_ledger(db, args.out, args.since, args.until, shown.add)
     elif args.what == "records":
         db = required(args.db, "--db", "a records export (or set OUTBOX_DB)")
-        count = export.export_records(db, args.out, args.since, args.until)
+        with counting("export records") as shown:
+            count = export.export_records(db, args.out, args.since, args.until, shown.add)
     elif args.what == "halfop":
         broker = required(args.broker, "--broker", "a half/op export (or set OUTBOX_BROKER)")
-        count = export.export_halfop_nats(broker, args.out, args.since, args.until)
+        with counting("export halfop") as shown:
+            count = export.export_halfop_nats(broker, args.out, args.since, args.until, shown.add)
     else:
-        count = export_broker(args)
+        with counting("export broker") as shown:
+            count = export_broker(args, shown.add)
     print(f"exported {count} row(s) to {args.out}")
     return EXIT_OK
 
@@ -86,7 +92,7 @@ LOG_SOURCE_FLAGS = {"nats": ("--stream", "stream"), "redis": ("--topic", "topics
                     "rabbitmq": ("--queue", "queue")}  # fmt: skip
 
 
-def export_broker(args: argparse.Namespace) -> int:
+def export_broker(args: argparse.Namespace, added: Callable[[int], None]) -> int:
     """The broker's log, through the reader its URL's scheme picks."""
     from relay import export
 
@@ -95,7 +101,7 @@ def export_broker(args: argparse.Namespace) -> int:
     scheme = url.partition("://")[0]
     given = required(getattr(args, dest), flag, f"a broker export from {scheme}://")
     sources = given if isinstance(given, list) else [given]
-    return export.export_broker(reader_for(url), sources, args.out, args.since, args.until)
+    return export.export_broker(reader_for(url), sources, args.out, args.since, args.until, added)
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
