@@ -297,8 +297,11 @@ def backlog_by_topic(conn: Connection) -> list[Any]:
     return list(conn.execute(query))
 
 
-def requeue_stmt(dead_only: bool, topic: str | None, msg_ids: Sequence[str]) -> Update:
-    """-- requeue -- back to pending with attempts reset; never touches pending rows.
+REQUEUE_BATCH = 1000  # rows per requeue statement: short locks, progress between batches
+
+
+def requeue_conditions(dead_only: bool, topic: str | None, msg_ids: Sequence[str]) -> list[Any]:
+    """Which rows a requeue takes; never pending ones.
 
     Only dead rows, unless msg_ids name rows explicitly (sent ones are then republished):
     a topic alone must not republish its whole retained ledger.
@@ -309,6 +312,11 @@ def requeue_stmt(dead_only: bool, topic: str | None, msg_ids: Sequence[str]) -> 
         conditions.append(t.c.topic == topic)
     if msg_ids:
         conditions.append(t.c.msg_id.in_([uuid.UUID(m) for m in msg_ids]))
+    return conditions
+
+
+def requeue_stmt(conditions: Sequence[Any]) -> Update:
+    """-- requeue -- back to pending with attempts reset, the rows ``conditions`` pick."""
     return (
         update(t)
         .where(*conditions)
@@ -323,9 +331,45 @@ def requeue_stmt(dead_only: bool, topic: str | None, msg_ids: Sequence[str]) -> 
     )
 
 
+def requeue_count(
+    conn: Connection, dead_only: bool, topic: str | None, msg_ids: Sequence[str]
+) -> int:
+    """-- requeue_count -- how many rows a requeue would take now (its progress total)."""
+    conditions = requeue_conditions(dead_only, topic, msg_ids)
+    return int(conn.execute(select(func.count()).where(*conditions)).scalar_one())
+
+
+def requeue_batch(
+    conn: Connection,
+    dead_only: bool,
+    topic: str | None,
+    msg_ids: Sequence[str],
+    after_id: int,
+    size: int = REQUEUE_BATCH,
+) -> tuple[int, int | None]:
+    """-- requeue_batch -- requeue the next ``size`` rows past ``after_id`` (by id).
+
+    Returns (rows requeued, the last id looked at; None when no row is left). The ids are
+    selected first (MySQL takes no LIMIT in an UPDATE's subquery); the UPDATE checks the
+    conditions again, so a row that changed in between is left alone and not counted.
+    """
+    conditions = requeue_conditions(dead_only, topic, msg_ids)
+    query = select(t.c.id).where(*conditions, t.c.id > after_id).order_by(t.c.id).limit(size)
+    ids = list(conn.execute(query).scalars())
+    if not ids:
+        return 0, None
+    done = conn.execute(requeue_stmt([*conditions, t.c.id.in_(ids)])).rowcount
+    return int(done), int(ids[-1])
+
+
 def requeue(conn: Connection, dead_only: bool, topic: str | None, msg_ids: Sequence[str]) -> int:
-    """Run ``requeue_stmt`` in ``conn``'s transaction; returns how many rows went back."""
-    return int(conn.execute(requeue_stmt(dead_only, topic, msg_ids)).rowcount)
+    """Requeue every matching row in ``conn``'s transaction, batch by batch; how many."""
+    total, after = 0, 0
+    while True:
+        done, last = requeue_batch(conn, dead_only, topic, msg_ids, after)
+        if last is None:
+            return total
+        total, after = total + done, last
 
 
 def unknown_ids(conn: Connection, msg_ids: Sequence[str]) -> list[str]:

@@ -94,6 +94,7 @@ class Counting:
 
     ``total`` when it is known cheaply; without one a terminal shows the count and the
     rate, no ETA. A count past the total raises the total (rows that arrived meanwhile).
+    ``visible=False`` counts without showing anything (work too small to follow).
     """
 
     def __init__(
@@ -104,21 +105,24 @@ class Counting:
         stream: TextIO | None = None,
         every_s: float | None = None,
         tty: bool | None = None,
+        visible: bool = True,
     ) -> None:
         self.total, self.done = total, 0
         self._lock = threading.Lock()
-        self._display = Display(what, total, unit, stream, every_s, tty)
+        self._display = Display(what, total, unit, stream, every_s, tty) if visible else None
 
     def add(self, n: int) -> None:
         with self._lock:
             self.done += n
             if self.total is not None and self.done > self.total:
                 self.total = self.done
-            self._display.show(n, self.done, self.total, {}, self.done)
+            if self._display is not None:
+                self._display.show(n, self.done, self.total, {}, self.done)
 
     def close(self) -> None:
         with self._lock:
-            self._display.close()
+            if self._display is not None:
+                self._display.close()
 
 
 class Progress:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 
 from outbox import migrate
 from outbox.secrets import mask_url
@@ -22,6 +22,7 @@ from relay.cli.common import (
     database,
     msg_id,
 )
+from relay.cli.progress import counting
 
 
 def add_migrate(commands: Commands) -> None:
@@ -137,13 +138,31 @@ def cmd_requeue(args: argparse.Namespace) -> int:
     engine = database(args, reads=True)
     try:
         migrate.require_schema(engine)
-        with engine.begin() as conn:
-            refuse_unknown_ids(conn, args.ids)  # before any change: all or nothing
-            count = store.requeue(conn, args.dead, args.topic, args.ids)
+        with engine.connect() as conn:
+            refuse_unknown_ids(conn, args.ids)  # before any change
+            total = store.requeue_count(conn, args.dead, args.topic, args.ids)
+        count = requeue_in_batches(engine, args, total)
     finally:
         engine.dispose()
     print(json.dumps({"requeued": count}) if args.json else f"requeued {count} message(s)")
     return EXIT_OK
+
+
+def requeue_in_batches(engine: Engine, args: argparse.Namespace, total: int) -> int:
+    """Requeue batch by batch, each its own transaction, with progress on stderr.
+
+    A requeue stopped halfway has requeued whole batches: the rows are then pending or
+    still dead, never half changed, and running it again takes the rest.
+    """
+    count, after = 0, 0
+    with counting("requeue", total, visible=total > store.REQUEUE_BATCH) as shown:
+        while True:
+            with engine.begin() as conn:
+                done, last = store.requeue_batch(conn, args.dead, args.topic, args.ids, after)
+            if last is None:
+                return count
+            count, after = count + done, last
+            shown.add(done)
 
 
 def refuse_unknown_ids(conn: Connection, ids: list[str]) -> None:
