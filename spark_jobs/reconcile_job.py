@@ -20,7 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace, prog: str = "reconcile") -> int:
     """Run the job for parsed flags; prints the totals, returns the exit status."""
     try:
         check_inputs(args.ledger, args.broker_log, args.halfop_log, args.out)
-        summary = run_on_spark(args)
+        summary = run_on_spark(args, told(prog, time.monotonic()))
     except JobError as exc:  # Spark's text may echo an input's URL, credentials and all
         inputs = [args.ledger, args.broker_log, args.halfop_log]
         print(without_passwords(f"{prog}: {exc}", inputs), file=sys.stderr)
@@ -141,7 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(args)
 
 
-def run_on_spark(args: argparse.Namespace) -> dict[str, Any]:
+def run_on_spark(
+    args: argparse.Namespace, step: Callable[[str], None] = lambda _: None
+) -> dict[str, Any]:
     """``run`` in a session of its own; what Spark raises becomes one line."""
     from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
     from pyspark.errors import PySparkException
@@ -158,16 +161,29 @@ def run_on_spark(args: argparse.Namespace) -> dict[str, Any]:
         from spark_jobs.ledger import with_jdbc_jar
 
         builder = with_jdbc_jar(builder)
+    step("starting Spark")
     spark = builder.getOrCreate()
     try:
         window = Window(args.start, args.end, args.sla)
-        return reconcile(spark, args.ledger, args.broker_log, args.out, window, args.halfop_log)
+        return reconcile(
+            spark, args.ledger, args.broker_log, args.out, window, args.halfop_log, step
+        )
     except Py4JJavaError as exc:  # its text is the whole Java stack
         raise JobError(first_line(exc.java_exception.toString())) from None
     except PySparkException as exc:
         raise JobError(first_line(str(exc))) from None
     finally:
         spark.stop()
+
+
+def told(prog: str, started: float) -> Callable[[str], None]:
+    """One stderr line per step, with the seconds since the job started (no bar: Spark's
+    steps have no count to show, and its own logs share stderr)."""
+
+    def step(what: str) -> None:
+        print(f"{prog}: {what} ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+
+    return step
 
 
 def first_line(text: str) -> str:

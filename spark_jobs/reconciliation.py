@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -146,11 +147,13 @@ def reconcile(
     out: str | Path,
     window: Window,
     halfop_path: str | None = None,
+    step: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     """Read the inputs, write summary.json, discrepancies/ and report.html.
 
     With ``halfop_path`` the run is for model B: ``ledger_path`` then holds the
     SqlTransactionListener's records, and the half/op log adds model B's counts.
+    ``step`` is told each step as it starts (progress; Spark's work is one step each).
     """
     from spark_jobs import model_b
     from spark_jobs.ledger import read_ledger
@@ -158,6 +161,7 @@ def reconcile(
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    step("reading the inputs")
     if halfop_path is None:
         ledger = read_ledger(spark, ledger_path)
     else:
@@ -165,6 +169,7 @@ def reconcile(
         per_msg = model_b.halfs_per_message(spark.read.parquet(halfop_path)).cache()
         ledger = model_b.ledger_from_records(spark.read.parquet(ledger_path), per_msg)
     classified = classify(ledger, spark.read.parquet(broker_path), window).cache()
+    step("counting per topic")  # Spark reads and joins here: the long step
     summary = summarise(classified)
     if halfop_path is not None:
         model_b.add_counts(summary, model_b.halfop_counts(per_msg, window))
@@ -174,6 +179,7 @@ def reconcile(
         "end": window.end.isoformat(),
         "sla_s": window.sla_s,
     }
+    step("writing discrepancies/, summary.json and report.html")
     write_discrepancies(classified, out / "discrepancies")
     classified.unpersist()
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

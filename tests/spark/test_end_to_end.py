@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,14 @@ def deliver(pg_url: str, server: NatsServer, stream: tuple[str, str], count: int
     ob.stop()
 
 
+RECONCILE_STEPS = [
+    "starting Spark",
+    "reading the inputs",
+    "counting per topic",
+    "writing discrepancies/, summary.json and report.html",
+]
+
+
 def test_deleted_and_extra_broker_messages_are_counted_exactly(
     pg_url: str, nats_server: NatsServer, stream: tuple[str, str], tmp_path: Path
 ) -> None:
@@ -84,6 +93,8 @@ def test_deleted_and_extra_broker_messages_are_counted_exactly(
     reconcile += ["--sla", "60", "--master", "local[2]"]
     done = subprocess.run(reconcile, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 3, done.stdout + done.stderr  # lost and phantom found: alert
+    steps = re.findall(r"^outbox reconcile: (.+) \(\d+ s\)$", done.stderr, re.M)
+    assert steps == RECONCILE_STEPS, done.stderr  # one line per step, in order
     total = json.loads((out / "summary.json").read_text())["total"]
     assert (total["committed"], total["delivered"], total["lost"]) == (300, 296, 4)
     assert (total["phantom"], total["duplicated"], total["pending"]) == (3, 0, 0)
