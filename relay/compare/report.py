@@ -14,7 +14,8 @@ import contextlib
 import html
 import json
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from relay.compare import add_arguments, workload_of
 from relay.compare.run import RunResult, run_models
 from relay.compare.workload import Workload
 from relay.testing import NatsServer, scratch_schema
-from spark_jobs.reconcile_job import EXIT_DISCREPANCY
+from spark_jobs.reconcile_job import EXIT_DISCREPANCY, told
 from spark_jobs.report import bar_chart, fmt
 from spark_jobs.window import Window
 
@@ -101,12 +102,17 @@ def stored_rows(*paths: str) -> int:
 
 
 def reconcile_both(
-    inputs: dict[str, dict[str, str]], results: list[RunResult], out: Path, master: str
+    inputs: dict[str, dict[str, str]],
+    results: list[RunResult],
+    out: Path,
+    master: str,
+    step: Callable[[str], None],
 ) -> dict[str, dict[str, Any]]:
     from pyspark.sql import SparkSession
 
     from spark_jobs.reconciliation import reconcile
 
+    step("starting Spark")
     start = min(r.started for r in results) - timedelta(seconds=1)
     window = Window(start, datetime.now(UTC) + timedelta(seconds=120), sla_s=60)
     spark = (
@@ -121,6 +127,7 @@ def reconcile_both(
     models: dict[str, dict[str, Any]] = {}
     try:
         for result in results:
+            step(f"reconciling model {result.model}")
             files = inputs[result.model]
             halfop = files.get("halfop")
             summary = reconcile(
@@ -214,15 +221,18 @@ def run(args: argparse.Namespace) -> int:
     A workload the flags describe wrongly raises ValueError before anything runs.
     """
     workload = workload_of(args)
+    step = told("outbox compare", time.monotonic())  # a line per step on stderr
     for quiet in ("alembic", "apscheduler", "relay.halfop", "py4j", "nats"):
         logging.getLogger(quiet).setLevel(logging.WARNING)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with scratch_schema(args.db, "compare") as db, broker(args.broker) as (url, server):
         migrate.upgrade(db)
-        results = list(run_models(db, url, server, workload))
+        results = list(run_models(db, url, server, workload, step))
+        step("exporting both models' ledgers and broker logs")
         inputs = {r.model: export_inputs(db, url, r, out / r.model) for r in results}
-    models = reconcile_both(inputs, results, out, args.master)
+    models = reconcile_both(inputs, results, out, args.master, step)
+    step("writing compare.json and compare.html")
     (out / "compare.json").write_text(
         json.dumps({"workload": report_args(args), "models": models}, indent=2, default=str)
     )

@@ -466,8 +466,15 @@ def stop_worker(worker: subprocess.Popen[bytes] | None) -> None:
 
 
 def run_models(
-    db: str, nats_url: str, server: NatsServer | None, w: Workload
+    db: str,
+    nats_url: str,
+    server: NatsServer | None,
+    w: Workload,
+    step: Callable[[str], None] = lambda _: None,
 ) -> Iterator[RunResult]:
-    """Model A's run, then model B's, on the same database and broker."""
+    """Model A's run, then model B's, on the same database and broker; ``step`` is told
+    as each starts (progress)."""
+    step("running model a")
     yield ModelA(db, nats_url, server, w).run()
+    step("running model b")
     yield ModelB(db, nats_url, server, w).run()

@@ -56,6 +56,16 @@ RECONCILE_STEPS = [
     "writing discrepancies/, summary.json and report.html",
 ]
 
+COMPARE_STEPS = [
+    "running model a",
+    "running model b",
+    "exporting both models' ledgers and broker logs",
+    "starting Spark",
+    "reconciling model a",
+    "reconciling model b",
+    "writing compare.json and compare.html",
+]
+
 
 def test_deleted_and_extra_broker_messages_are_counted_exactly(
     pg_url: str, nats_server: NatsServer, stream: tuple[str, str], tmp_path: Path
@@ -244,3 +254,5 @@ def test_outbox_compare_reports_both_models_side_by_side(tmp_path: Path) -> None
     page = (tmp_path / "compare.html").read_text()
     assert page.count("<svg") == 2 and "model B: half/op" in page and "n/a" in page
     assert "| lost | 0 | 0 |" in done.stdout
+    steps = re.findall(r"^outbox compare: (.+) \(\d+ s\)$", done.stderr, re.M)
+    assert steps == COMPARE_STEPS, done.stderr  # one line per step, in order
