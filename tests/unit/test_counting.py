@@ -57,3 +57,12 @@ def test_drain_keeps_its_line() -> None:
     shown = Progress("drain", 10, stream=out, every_s=0, tty=False)
     shown.add(SweepResult(4, 3, 1, 0))
     assert re.fullmatch(r"drain: 4/10 sent=3 retry_later=1 dead=0 \(.* msg/s\)\n", out.getvalue())
+
+
+def test_a_terminal_without_a_total_shows_count_and_rate() -> None:
+    out = io.StringIO()
+    shown = Counting("export broker", stream=out, tty=True)
+    shown.add(40)
+    shown.add(50)
+    shown.close()
+    assert re.search(r"export broker: 90 rows \[.* rows/s\]", out.getvalue()), out.getvalue()
