@@ -22,6 +22,7 @@ from sqlalchemy.pool import NullPool
 
 from bench import sweeper as bench_sweeper
 from outbox import migrate
+from relay.cli.common import EXIT_DATA
 from relay.testing.embedded import NatsServer
 from tests.planting import plant
 
@@ -72,7 +73,8 @@ def test_drain_counts_a_row_tried_in_three_passes_once(
     found = re.search(r"drained: sent=(\d+) retry_later=(\d+) dead=(\d+) of 5 pending", done.stdout)
     assert found, done.stdout + done.stderr
     assert sum(int(n) for n in found.groups()) == 5, done.stdout
-    assert found[1] == "0" and done.returncode == 1
+    # Refused for good each time: dead at the third pass (permanent_attempts), exit 3.
+    assert found[1] == "0" and done.returncode == EXIT_DATA
 
 
 def on_a_terminal(args: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
