@@ -6,6 +6,7 @@ STAMP := $(VENV)/.installed-dev
 DEMO_STAMP := $(VENV)/.installed-demo
 SERVICES := postgres mariadb rabbitmq redis
 JDBC_JAR := /usr/share/java/postgresql.jar
+PROMTOOL := /usr/bin/promtool
 
 .PHONY: demo test lint typecheck imports check services bench bench-peers clean
 
@@ -15,8 +16,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-services: $(JDBC_JAR)
+services: $(JDBC_JAR) $(PROMTOOL)
 	scripts/services.sh $(SERVICES)
+
+# promtool, to check examples/relay_worker/alerts.yml (Debian's prometheus package; its
+# daemon is not started).
+$(PROMTOOL):
+	apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus
 
 # The PostgreSQL JDBC driver for Spark's partitioned ledger reads (Debian's package).
 $(JDBC_JAR):
