@@ -24,6 +24,7 @@ from outbox import migrate
 from outbox.secrets import mask_url
 from relay import export
 from relay.brokers import reader_for
+from relay.cli.progress import counting
 from relay.compare import add_arguments, workload_of
 from relay.compare.run import RunResult, run_models
 from relay.compare.workload import Workload
@@ -215,6 +216,13 @@ def report_args(args: argparse.Namespace) -> dict[str, Any]:
     return {**options, **urls}
 
 
+@contextlib.contextmanager
+def counted(what: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A model's transactions done, shown as ``outbox compare: model a`` progress."""
+    with counting(f"outbox compare: {what}", total, unit="tx") as shown:
+        yield shown.add
+
+
 def run(args: argparse.Namespace) -> int:
     """Run both models, reconcile them, write the report; exit status 3 on a discrepancy.
 
@@ -228,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with scratch_schema(args.db, "compare") as db, broker(args.broker) as (url, server):
         migrate.upgrade(db)
-        results = list(run_models(db, url, server, workload, step))
+        results = list(run_models(db, url, server, workload, step, counted))
         step("exporting both models' ledgers and broker logs")
         inputs = {r.model: export_inputs(db, url, r, out / r.model) for r in results}
     models = reconcile_both(inputs, results, out, args.master, step)

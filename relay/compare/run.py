@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -69,6 +70,9 @@ from relay.testing.faults import (
     kill_producer_after_commit,
     paused,
 )
+
+# count(what, total) -> a context giving what to tell each transaction done (progress).
+Counter = Callable[[str, int], AbstractContextManager[Callable[[int], None]]]
 
 log = logging.getLogger("relay.compare.run")
 
@@ -189,6 +193,7 @@ class Run:
             pool_pre_ping=True,
         )
         self.statements = count_statements(self.engine)
+        self.finished: Callable[[int], None] = lambda n: None  # progress: transactions done
 
     @property
     def via_proxy(self) -> str:
@@ -217,6 +222,7 @@ class Run:
                     self.result.rolled_back += 1
                 else:
                     self.result.failed += 1
+            self.finished(1)
             time.sleep(max(0.0, next_at - time.monotonic()))
 
     def _faults(self, inject: Callable[[str], None]) -> None:
@@ -471,10 +477,15 @@ def run_models(
     server: NatsServer | None,
     w: Workload,
     step: Callable[[str], None] = lambda _: None,
+    count: Counter = lambda what, total: nullcontext(lambda n: None),
 ) -> Iterator[RunResult]:
     """Model A's run, then model B's, on the same database and broker; ``step`` is told
-    as each starts (progress)."""
-    step("running model a")
-    yield ModelA(db, nats_url, server, w).run()
-    step("running model b")
-    yield ModelB(db, nats_url, server, w).run()
+    as each starts and ``count(what, total)`` gives what is told each transaction done
+    (progress)."""
+    for name, model in (("a", ModelA), ("b", ModelB)):
+        step(f"running model {name}")
+        run = model(db, nats_url, server, w)
+        with count(f"model {name}", w.transactions) as finished:
+            run.finished = finished
+            result = run.run()
+        yield result

@@ -242,8 +242,14 @@ def test_outbox_compare_reports_both_models_side_by_side(tmp_path: Path) -> None
     """A short `outbox compare` with a fault of each model: both reconciled, nothing lost."""
     cmd = [OUTBOX, "compare", "--transactions", "200", "--rate", "200", "--fault-seconds", "1"]
     cmd += ["--faults", "kill,drop-ends", "--out", str(tmp_path), "--master", "local[2]"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    env = {**os.environ, "OUTBOX_PROGRESS_EVERY_S": "0.2"}  # running totals, not per 5 s
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for model in ("a", "b"):  # each run's transactions counted as they finish, never past 200
+        done_counts = [int(n) for n in re.findall(
+            rf"^outbox compare: model {model}: (\d+)/200 \(", done.stderr, re.M)]  # fmt: skip
+        assert done_counts and done_counts == sorted(done_counts), done.stderr
+        assert done_counts[-1] <= 200
     models = json.loads((tmp_path / "compare.json").read_text())["models"]
     for model in ("a", "b"):
         assert models[model]["lost"] == 0 and models[model]["phantom"] == 0
