@@ -19,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from outbox.events import Sent, Stats
 from relay import store
 from relay.listener import Listeners
+from relay.outage import Outage
 from relay.part import Lifecycle
 from relay.stats import Slots
 
@@ -89,6 +90,7 @@ class AckBatcher(Lifecycle):
     ) -> None:
         super().__init__()
         self._finish = finish
+        self.database = Outage("database", log)  # failed marks: logged once, then summaries
         self._slots = slots
         self.stats = stats
         self.listeners = Listeners() if listeners is None else listeners
@@ -213,13 +215,12 @@ class AckBatcher(Lifecycle):
             try:
                 changed = self._finish(acks)
             except SQLAlchemyError as exc:
-                log.warning(
-                    "marking %d acked message(s) failed: %s", len(batch), exc.__class__.__name__
-                )
+                self.database.failed(f"marking acked messages: {exc.__class__.__name__}")
                 continue
             except Exception:  # a listener or driver bug: this batch's, never the thread's end
                 log.exception("marking %d acked message(s) failed", len(batch))
                 break
+            self.database.ok()
             if self.listeners:  # published runs on the loop, like the fast path's others
                 self._on_loop(self._published, batch, changed)
             else:

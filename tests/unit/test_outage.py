@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -47,3 +48,36 @@ def test_a_new_outage_starts_with_its_own_line(caplog: pytest.LogCaptureFixture)
         outage.failed("OperationalError: refused")
         outage.ok()
     assert [r.levelname for r in caplog.records] == ["WARNING", "INFO", "WARNING", "INFO"]
+
+
+def test_the_acks_thread_logs_a_database_outage_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fast path's marks fail while the database is down: one warning for the outage,
+    not one per try of every batch; one line when marking works again."""
+    from sqlalchemy.exc import OperationalError
+
+    from outbox.events import Sent, Stats
+    from relay import acks
+
+    down = [True]
+
+    def finish(pairs: list[tuple[str, str]]) -> int:
+        if down[0]:
+            raise OperationalError("UPDATE", {}, Exception("connection refused"))
+        return len(pairs)
+
+    async def make() -> acks.AckBatcher:
+        return acks.AckBatcher(finish, Stats())
+
+    monkeypatch.setattr(acks, "RETRY_DELAYS_S", (0.0, 0.0, 0.0))
+    batcher = asyncio.run(make())
+    with caplog.at_level(logging.INFO, logger="relay.acks"):
+        for n in range(20):
+            batcher._write([Sent(f"m{n}", "t", "r")])
+        down[0] = False
+        batcher._write([Sent("ok", "t", "r")])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["database unreachable: marking acked messages: OperationalError; retrying"]
+    assert any("recovered" in r.getMessage() for r in caplog.records)
+    assert batcher.stats.mark_failed == 20 and batcher.stats.marked == 1
