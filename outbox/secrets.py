@@ -17,6 +17,9 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from outbox.broker import BROKER_SCHEMES
 from outbox.urls import with_driver
 
+# A match inside a URL's scheme is spared: the scheme says what went wrong, and a password
+# such as "postgres" in postgresql://postgres:postgres@db must still go everywhere else.
+IN_SCHEME = r"(?![A-Za-z0-9+.\-]*://)"
 MIN_SCRUBBED = 3  # shorter "secrets" would garble every message they are scrubbed from
 RESERVED = re.compile(r"[:/?#\[\]@!$&'()*+,;=%\s]+")  # URL delimiters, and space
 USER_SCHEMES = ("amqp", "amqps", "redis", "rediss")  # userinfo: a user name, then a password
@@ -82,8 +85,7 @@ def secrets_of(url: str) -> list[str]:
     found += [unquote(s) for s in found]
     # A driver that mis-parses a raw password echoes a piece of it (as a host name, say).
     found += [piece for s in found for piece in RESERVED.split(s)]
-    # The scheme stays readable (it says what went wrong): no token is a piece of it.
-    kept = {s for s in found if len(s) >= MIN_SCRUBBED and s.lower() not in scheme.lower()}
+    kept = {s for s in found if len(s) >= MIN_SCRUBBED}
     return sorted(kept, key=len, reverse=True)
 
 
@@ -91,5 +93,5 @@ def scrub(text: str, urls: Iterable[str | None]) -> str:
     """``text`` with every secret of ``urls`` replaced, for messages written by others."""
     for url in urls:
         for secret in secrets_of(url) if url else ():
-            text = text.replace(secret, "***")
+            text = re.sub(re.escape(secret) + IN_SCHEME, "***", text)
     return text

@@ -23,7 +23,7 @@ def jdbc_url(sqlalchemy_url: str) -> tuple[str, dict[str, str]]:
     A ``search_path`` given in ``options`` becomes the JDBC ``currentSchema``.
     """
     url = urlsplit(sqlalchemy_url)
-    if not url.scheme.startswith("postgresql"):
+    if not is_postgres(sqlalchemy_url):
         raise ValueError(f"a JDBC ledger read needs PostgreSQL, not {url.scheme}")
     props = {"user": unquote(url.username or "postgres"), "driver": "org.postgresql.Driver"}
     if url.password:
@@ -33,6 +33,12 @@ def jdbc_url(sqlalchemy_url: str) -> tuple[str, dict[str, str]]:
         props["currentSchema"] = options.split("search_path=", 1)[1].split()[0]
     host, port, database = url.hostname or "127.0.0.1", url.port or 5432, url.path.lstrip("/")
     return f"jdbc:postgresql://{host}:{port}/{database}", props
+
+
+def is_postgres(source: str) -> bool:
+    """A PostgreSQL URL, with or without a driver: postgresql+psycopg://, postgres://."""
+    scheme, sep, _ = source.partition("://")
+    return bool(sep) and scheme.split("+")[0] in ("postgresql", "postgres")
 
 
 def with_jdbc_jar(builder: SparkSession.Builder) -> SparkSession.Builder:
@@ -58,6 +64,6 @@ def read_ledger_jdbc(spark: SparkSession, sqlalchemy_url: str, partitions: int =
 
 def read_ledger(spark: SparkSession, source: str) -> DataFrame:
     """``source`` is a Parquet path, or a postgresql:// URL read over JDBC."""
-    if "://" in source and source.split("://", 1)[0].startswith("postgresql"):
+    if is_postgres(source):
         return read_ledger_jdbc(spark, source)
     return spark.read.parquet(source)

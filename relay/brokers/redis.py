@@ -40,7 +40,18 @@ from relay.brokers.base import (
 
 OUR_OPTIONS = ("prefix", "maxlen", "timeout")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-RETRYABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+RETRYABLE = (
+    redis.exceptions.ConnectionError,  # LOADING (BusyLoadingError) too
+    redis.exceptions.TimeoutError,
+    OSError,
+    # Replies that pass: a replica promoted (READONLY), memory freed (OOM), a cluster
+    # settling. A failure called permanent goes dead after permanent_attempts tries.
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.MasterDownError,
+)
 
 
 class RedisBroker(Broker, LogReader):

@@ -10,6 +10,7 @@ and is tried again in a later pass of the same command is counted once.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -27,6 +28,19 @@ from outbox.events import SweepResult
 # Seconds between the summary lines without a terminal; the environment variable is
 # for tests (a short interval on a small backlog), not a documented setting.
 SUMMARY_EVERY_S = float(os.environ.get("OUTBOX_PROGRESS_EVERY_S", "5"))
+
+
+@contextmanager
+def redirected_logging() -> Iterator[None]:
+    """Log lines written above the bar (tqdm's redirect), still through the handlers'
+    filters: tqdm releases before 4.68 dropped them, and one is the password Scrubber."""
+    root = logging.getLogger()
+    filters = [f for handler in root.handlers for f in handler.filters]
+    with logging_redirect_tqdm(tqdm_class=tqdm):
+        for handler in root.handlers:
+            for kept in filters:
+                handler.addFilter(kept)  # a no-op where tqdm kept it
+        yield
 
 
 class Display:
@@ -55,7 +69,7 @@ class Display:
             self._bar = tqdm(
                 total=total, desc=what, unit=shown_unit, file=self.stream, dynamic_ncols=True
             )
-            self._redirect.enter_context(logging_redirect_tqdm(tqdm_class=tqdm))
+            self._redirect.enter_context(redirected_logging())
 
     def show(
         self, advanced: int, done: int, total: int | None, counts: dict[str, int], rated: int

@@ -221,3 +221,22 @@ def test_compare_report_options_are_masked() -> None:
     clean(str(options))
     assert options["db"] == "postgresql+psycopg://app:***@h/x" and options["transactions"] == 2000
     assert "command" not in options, "only compare's own options go into compare.json"
+
+
+@pytest.mark.parametrize(
+    ("url", "secret"),
+    [
+        ("postgresql://postgres:postgres@db/app", "postgres"),  # the password is in the scheme
+        ("redis://:redis@cache:6379/0", "redis"),
+        ("postgres://app:sql@db/app", "sql"),
+    ],
+)
+def test_a_password_that_is_part_of_the_scheme_is_scrubbed_and_the_scheme_kept(
+    url: str, secret: str
+) -> None:
+    from outbox.secrets import scrub
+
+    text = scrub(f"connect to {url} failed: password {secret!r} refused", [url])
+    scheme = url.partition("://")[0]
+    assert text.startswith(f"connect to {scheme}://") and f"'{secret}'" not in text
+    assert secret not in text.partition("://")[2], text

@@ -92,5 +92,5 @@ def test_an_unknown_scheme_is_named_with_the_cure() -> None:
 def test_the_scheme_is_never_masked() -> None:
     assert mask_url("postgres://postgres@h/x") == "postgres://postgres@h/x"
     assert mask_url("postgres://u:s3cret@h/x") == "postgres://u:***@h/x"
-    assert scrub("nats://nats@h down", ["nats://nats@h"]) == "nats://nats@h down"
+    assert scrub("nats://nats@h down", ["nats://nats@h"]) == "nats://***@h down"  # token = scheme
     assert scrub("token tok3n at nats://tok3n@h", ["nats://tok3n@h"]) == "token *** at nats://***@h"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import re
 
+import pytest
+
 from outbox.events import SweepResult
 from relay.cli.progress import Counting, Progress
 
@@ -66,3 +68,32 @@ def test_a_terminal_without_a_total_shows_count_and_rate() -> None:
     shown.add(50)
     shown.close()
     assert re.search(r"export broker: 90 rows \[.* rows/s\]", out.getvalue()), out.getvalue()
+
+
+def test_log_lines_under_the_bar_keep_the_handlers_filters(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The CLI's Scrubber is a filter on the stderr handler: a line logged while the bar
+    shows must still go through it (tqdm's redirect swaps the handler)."""
+    import logging
+    import sys
+
+    from relay.cli.progress import Display
+
+    class Hide(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            record.msg = str(record.msg).replace("s3cret", "***")
+            return True
+
+    root = logging.getLogger()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(Hide())
+    root.addHandler(handler)
+    try:
+        display = Display("drain", 10, "msg", stream=io.StringIO(), tty=True)
+        logging.getLogger("relay.cli").warning("password s3cret refused")
+        display.close()
+    finally:
+        root.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert "password *** refused" in err and "s3cret" not in err
