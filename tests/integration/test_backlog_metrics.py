@@ -14,19 +14,18 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from outbox import Outbox, migrate
+from outbox import Outbox
 from outbox.table import outbox_message as t
 from relay import store
 from relay.metrics import Backlog
 from tests.acceptance.test_cli import cli
+from tests.helpers import migrated
 
 
 @pytest.fixture
 def engine(pg_url: str) -> Iterator[Engine]:
-    migrate.upgrade(pg_url)
-    engine = create_engine(pg_url, poolclass=NullPool)
-    yield engine
-    engine.dispose()
+    with migrated(pg_url) as eng:
+        yield eng
 
 
 def gauges(backlog: Backlog) -> dict[str, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from sqlalchemy.orm import Session
@@ -17,17 +18,24 @@ from relay.testing import MemoryBroker
 from tests.helpers import migrated, unsent, wait_until
 
 
-def test_send_and_the_fast_path_publish_to_a_broker_object(sqlite_url: str) -> None:
-    broker = MemoryBroker()
+def sent_through(sqlite_url: str, broker: object, **send: Any) -> tuple[Outbox, str]:
+    """One message sent by an Outbox on ``broker`` and marked sent; the Outbox (stopped)
+    and the msg_id."""
     with migrated(sqlite_url):
         ob = Outbox(sqlite_url, broker=broker)
         ob.start()
         try:
             with Session(ob.engine) as session, session.begin():
-                msg_id = ob.send(session, "orders.created", {"n": 1}, key="k1")
+                msg_id = ob.send(session, "orders.created", {"n": 1}, **send)
             wait_until(lambda: unsent(sqlite_url) == 0, what="the row marked sent")
         finally:
             ob.stop()
+    return ob, msg_id
+
+
+def test_send_and_the_fast_path_publish_to_a_broker_object(sqlite_url: str) -> None:
+    broker = MemoryBroker()
+    ob, msg_id = sent_through(sqlite_url, broker, key="k1")
     assert [m.msg_id for m in broker.published] == [msg_id]
     assert (ob.stats is not None) and ob.handed_off == 1
     entries = asyncio.run(first_chunk(broker))
@@ -88,13 +96,5 @@ class DuckBroker:
 
 def test_a_broker_class_of_the_users_own_needs_no_base_class(sqlite_url: str) -> None:
     broker = DuckBroker()
-    with migrated(sqlite_url):
-        ob = Outbox(sqlite_url, broker=broker)
-        ob.start()
-        try:
-            with Session(ob.engine) as session, session.begin():
-                msg_id = ob.send(session, "orders.created", {"n": 1})
-            wait_until(lambda: unsent(sqlite_url) == 0, what="the row marked sent")
-        finally:
-            ob.stop()
+    _, msg_id = sent_through(sqlite_url, broker)
     assert broker.published == [msg_id]
