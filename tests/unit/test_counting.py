@@ -74,7 +74,8 @@ def test_log_lines_under_the_bar_keep_the_handlers_filters(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The CLI's Scrubber is a filter on the stderr handler: a line logged while the bar
-    shows must still go through it (tqdm's redirect swaps the handler)."""
+    shows must still go through it (tqdm's redirect swaps the handler). A guard: tqdm
+    4.70 keeps the filters itself, releases before 4.68 dropped them."""
     import logging
     import sys
 
