@@ -153,10 +153,17 @@ class Outbox:
         payload: object,
         *,
         key: str | None = None,
+        ordered: bool = False,
         tags: str | list[str] | None = None,
         headers: dict[str, str] | None = None,
     ) -> str:
         """Write one message in ``session``'s transaction and return its msg_id (UUIDv7).
+
+        ``ordered=True`` (needs a ``key``): the messages of one (topic, key) sent so reach
+        the broker in the order their transactions committed, each after the one before
+        was acknowledged (docs/concepts.md). Such a message is staged like an
+        AsyncSession's and written just before COMMIT, where it takes its number under a
+        lock on the key held through the COMMIT: writers of one key commit one at a time.
 
         Input is checked before any SQL runs (the rules: docs/input.md): an
         ``outbox.errors.InvalidMessage`` leaves the transaction as it was. The message
@@ -177,13 +184,14 @@ class Outbox:
             key=key,
             tags=tags,
             headers=with_trace_context(headers),
+            ordered=ordered,
             max_payload_bytes=self.settings.max_payload_bytes,
         )
-        if staged:
+        if staged or message.ordered:  # ordered: the key's lock is taken at COMMIT only
             stage(checked, message, self._on_commit)
         else:
-            rows.write(checked, [message])
-            remember(checked, message, self._on_commit)
+            [written] = rows.write(checked, [message])
+            remember(checked, written, self._on_commit)
         return message.msg_id
 
     @overload

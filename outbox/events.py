@@ -37,8 +37,10 @@ Path = Literal["fast", "sweeper"]
 # Why the fast path let a message go; its row stays pending for the sweeper.
 # queue_full: the fast path held queue_size messages at commit; exhausted: the retry
 # schedule is spent; too_old: past the hand-off limit; mark_failed: acked, but marking
-# the row failed (it will be published again); stopped: still held at stop().
-Reason = Literal["queue_full", "exhausted", "too_old", "mark_failed", "stopped"]
+# the row failed (it will be published again); stopped: still held at stop();
+# behind_head: an ordered message behind its key's head, which the fast path let go
+# (the sweeper takes the key over, in order).
+Reason = Literal["queue_full", "exhausted", "too_old", "mark_failed", "stopped", "behind_head"]
 REASONS: tuple[Reason, ...] = get_args(Reason)
 
 
@@ -88,7 +90,7 @@ class SweepResult:
     sent: int = 0
     failed: int = 0  # scheduled for another attempt
     dead: int = 0
-    aborted: bool = False  # the broker was unreachable: nothing was recorded
+    aborted: bool = False  # the broker was unreachable: the batch (or its rest) left pending
     # Why they failed: the error cut to one line -> how many (what `outbox drain` and
     # `outbox relay` print under their counts: "5 x permanent: message too large").
     retry_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -136,6 +138,8 @@ class Stats:
     duplicates: int = 0  # the broker reported it already held the msg_id
     dropped_at_stop: int = 0
     not_visible: int = 0  # handed over after COMMIT but the row was not there (yet)
+    key_waits: int = 0  # an ordered head found an earlier row of its key unsettled: waits
+    behind_head: int = 0  # ordered messages left to the sweeper with their key's head
     marked: int = 0  # rows marked sent (or deleted) after an ack
     mark_statements: int = 0  # statements that did it: one per batch, more only on retries
     mark_failed: int = 0  # acked but not marked: the sweeper will publish them again

@@ -30,6 +30,8 @@ CONTENT_TYPE = "content-type"
 # Headers the relay adds beside the app's own (relay.brokers); they count toward the size.
 KEY_HEADER = "Outbox-Key"
 TAGS_HEADER = "Outbox-Tags"
+SEQ_HEADER = "Outbox-Seq"  # an ordered message's place in its key: consumers can check it
+SEQ_DIGITS = 19  # the widest BIGINT: the size check counts it before the number is taken
 # How send() measures a message, one rule for every broker: the payload, plus each
 # header (the app's, key and tags) as its name and value in UTF-8 and HEADER_LINE_BYTES
 # more (a separator and a line end), plus the msg_id as one more header whose name takes
@@ -67,6 +69,10 @@ class Message:
     headers: dict[str, str] = field(default_factory=dict)
     # time.monotonic() when send() was called: the start of commit->ack latency.
     born: float = field(default_factory=time.monotonic)
+    # send(ordered=True): published after the key's earlier messages, with its ``seq``
+    # (taken when its row is written; None until then and for unordered messages).
+    ordered: bool = False
+    seq: int | None = None
 
 
 def build_message(
@@ -76,15 +82,17 @@ def build_message(
     key: object = None,
     tags: object = None,
     headers: object = None,
+    ordered: object = False,
     max_payload_bytes: int,
 ) -> Message:
     """Validate and encode one message; raises an ``InvalidMessage`` subclass on bad input."""
     topic, key, tags = check_topic(topic), check_key(key), check_tags(tags)
+    ordered = check_ordered(ordered, key)
     all_headers = check_headers(headers)
     body, content_type = encode_payload(payload)
     if content_type and CONTENT_TYPE not in {name.lower() for name in all_headers}:
         all_headers[CONTENT_TYPE] = content_type
-    message = Message(str(uuid7()), topic, body, key, tags, all_headers)
+    message = Message(str(uuid7()), topic, body, key, tags, all_headers, ordered=ordered)
     check_size(message, max_payload_bytes)
     return message
 
@@ -164,6 +172,15 @@ def check_key(key: object) -> str | None:
     _check_text_bytes(InvalidKey, "key", key)
     _check_header_value(InvalidKey, "key", key)
     return key
+
+
+def check_ordered(ordered: object, key: str | None) -> bool:
+    """``ordered=True`` keeps the order of one key's messages: it needs the key."""
+    if not isinstance(ordered, bool):
+        raise InvalidMessage("ordered", f"must be True or False, got {type(ordered).__name__}")
+    if ordered and key is None:
+        raise InvalidKey("key", "is required with ordered=True: the order is kept per key")
+    return ordered
 
 
 def check_tags(tags: object) -> str | None:
@@ -316,6 +333,8 @@ def headers_size(message: Message) -> int:
         for name, value in carried_headers(message).items()
     )
     msg_id = ID_HEADER_NAME_BYTES + len(message.msg_id.encode()) + HEADER_LINE_BYTES
+    if message.ordered and message.seq is None:  # its number comes with the row
+        lines += len(SEQ_HEADER) + SEQ_DIGITS + HEADER_LINE_BYTES
     return HEADER_BLOCK_BYTES + lines + msg_id
 
 
@@ -326,13 +345,16 @@ def carried_headers(message: Message) -> dict[str, str]:
         headers[KEY_HEADER] = message.key
     if message.tags is not None:
         headers[TAGS_HEADER] = message.tags
+    if message.seq is not None:
+        headers[SEQ_HEADER] = str(message.seq)
     return headers
 
 
 def uncarried(headers: Mapping[str, str]) -> tuple[dict[str, str], str | None, str | None]:
     """The app's headers, the key and the tags of carried headers: ``carried_headers``
-    undone."""
+    undone (``Outbox-Seq`` dropped: the sequence belongs to the table, not the message)."""
     app_headers = dict(headers)
+    app_headers.pop(SEQ_HEADER, None)
     key = app_headers.pop(KEY_HEADER, None)
     tags = app_headers.pop(TAGS_HEADER, None)
     return app_headers, key, tags

@@ -39,7 +39,8 @@ from sqlalchemy.sql.functions import FunctionElement
 PENDING = "pending"
 SENT = "sent"
 DEAD = "dead"
-STATUSES = (PENDING, SENT, DEAD)
+SKIPPED = "skipped"  # given up by an operator (`outbox skip`): not delivered, not expected
+STATUSES = (PENDING, SENT, DEAD, SKIPPED)
 
 metadata = MetaData(
     naming_convention={
@@ -137,6 +138,11 @@ def _session_now_mysql(element: session_now, compiler: SQLCompiler, **kw: object
 # SQLite only auto-increments an INTEGER PRIMARY KEY; MariaDB's BLOB stops at 64 KiB
 # and its DATETIME drops fractions of a second unless asked.
 id_type = BigInteger().with_variant(Integer(), "sqlite")
+# A topic and a key compare byte for byte, as brokers do: MariaDB's default collation
+# would make "Order" and "order" one key (one sequence, one lane in the table).
+name_type = String(255).with_variant(
+    mysql.VARCHAR(255, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
+)
 payload_type = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 time_type = UtcDateTime()
 
@@ -145,9 +151,9 @@ outbox_message = Table(
     metadata,
     Column("id", id_type, Identity(), primary_key=True),
     Column("msg_id", Uuid(), nullable=False, unique=True),
-    Column("topic", String(255), nullable=False),
+    Column("topic", name_type, nullable=False),
     Column("tags", String(255)),
-    Column("key", String(255)),
+    Column("key", name_type),
     Column("headers", JSON()),
     Column("payload", payload_type, nullable=False),
     Column("created_at", time_type, nullable=False, server_default=db_now()),
@@ -157,6 +163,8 @@ outbox_message = Table(
     Column("status", String(8), nullable=False, server_default=text(f"'{PENDING}'")),
     Column("sent_at", time_type),
     Column("receipt", String(255)),
+    # An ordered message's place among its (topic, key)'s: 1, 2, 3... (outbox_sequence).
+    Column("seq", BigInteger()),
     CheckConstraint(f"status IN {STATUSES!r}", name="status"),
     Index(
         "ix_outbox_message_pending",
@@ -164,6 +172,29 @@ outbox_message = Table(
         postgresql_where=text(f"status = '{PENDING}'"),
         sqlite_where=text(f"status = '{PENDING}'"),
     ),
+    # A key's pending or dead rows by seq (its head, the rows behind it): with status
+    # before seq, a look below a seq never reads the key's retained sent rows.
+    Index(
+        "ix_outbox_message_key_seq",
+        "topic",
+        "key",
+        "status",
+        "seq",
+        postgresql_where=text("seq IS NOT NULL"),
+        sqlite_where=text("seq IS NOT NULL"),
+    ),
+)
+
+# The last sequence number taken per (topic, key) of ordered messages. Only senders write
+# it, under its row lock, in their own transaction: concurrent writers of one key wait
+# for each other, so seq order is commit order and a rollback gives its number back.
+# The relay never locks it (it would stall the apps' transactions).
+outbox_sequence = Table(
+    "outbox_sequence",
+    metadata,
+    Column("topic", name_type, primary_key=True),
+    Column("key", name_type, primary_key=True),
+    Column("last_seq", BigInteger(), nullable=False),
 )
 
 # Model B (relay.halfop.producer.SqlTransactionListener): one row per local transaction that

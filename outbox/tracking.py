@@ -78,9 +78,18 @@ def _before_commit(session: Session) -> None:
         return  # a savepoint is released: its messages are written with the outer COMMIT
     staged = session.info.pop(STAGED_KEY, None)
     if staged:
-        rows.write(session, [message for _, message in staged])
+        written = rows.write(session, [message for _, message in staged])
+        numbered(session, {m.msg_id: m for m in written if m.seq is not None})
     if session.info.get(PENDING_KEY):
         session.info[OUTLOOK_KEY] = commit_outlook(session)
+
+
+def numbered(session: Session, by_msg_id: dict[str, Message]) -> None:
+    """Hand the relay the staged messages as written: the ordered ones have their seq now."""
+    if not by_msg_id:
+        return
+    pending = session.info.get(PENDING_KEY, [])
+    pending[:] = [(t, by_msg_id.get(m.msg_id, m), on) for t, m, on in pending]
 
 
 def commit_outlook(session: Session) -> str:

@@ -17,7 +17,12 @@ from outbox import migrate
 from outbox.table import metadata
 
 ROOT = Path(__file__).resolve().parents[2]
-OUTBOX_TABLES = {"outbox_message", "outbox_transaction_record", migrate.VERSION_TABLE}
+OUTBOX_TABLES = {
+    "outbox_message",
+    "outbox_transaction_record",
+    "outbox_sequence",
+    migrate.VERSION_TABLE,
+}
 
 
 def tables(url: str) -> set[str]:
@@ -42,7 +47,7 @@ def schema_diff(url: str) -> list[object]:
 def test_upgrade_downgrade_upgrade(any_db: str) -> None:
     migrate.upgrade(any_db)
     assert tables(any_db) == OUTBOX_TABLES
-    assert migrate.current_revision(any_db) == "0003"
+    assert migrate.current_revision(any_db) == "0004"
     migrate.downgrade(any_db)
     assert tables(any_db) == {migrate.VERSION_TABLE}
     assert migrate.current_revision(any_db) is None
@@ -91,10 +96,10 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 def test_cli_migrate_is_idempotent(pg_url: str) -> None:
     first = run_cli("migrate", "--db", pg_url)
     assert first.returncode == 0, first.stderr
-    assert "outbox schema upgraded none -> 0003" in first.stdout
+    assert "outbox schema upgraded none -> 0004" in first.stdout
     second = run_cli("migrate", "--db", pg_url)
     assert second.returncode == 0, second.stderr
-    assert "outbox schema already at 0003" in second.stdout
+    assert "outbox schema already at 0004" in second.stdout
     assert tables(pg_url) == OUTBOX_TABLES
 
 

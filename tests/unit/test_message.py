@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from dataclasses import replace
 
 import pytest
 
@@ -24,6 +25,7 @@ from outbox.message import (
     MAX_HEADER_BYTES,
     Message,
     build_message,
+    carried_headers,
     encode_payload,
     encoded_size,
     recheck,
@@ -120,6 +122,18 @@ def test_size_limit_counts_payload_and_every_header_as_sent() -> None:
     rule = f"at most {exact - 1} bytes once encoded, got {exact}"
     with pytest.raises(PayloadTooLarge, match=rule):
         build(payload=b"x" * 10, max_payload_bytes=exact - 1, **kwargs)
+
+
+def test_an_ordered_message_carries_its_seq_and_counts_the_widest_before_it_has_one() -> None:
+    unordered = build(payload=b"x" * 10, key="k")
+    ordered = build(payload=b"x" * 10, key="k", ordered=True)
+    widest = len("Outbox-Seq: 9223372036854775807\r\n")
+    assert encoded_size(ordered) == encoded_size(unordered) + widest
+    numbered = replace(ordered, seq=12)
+    assert carried_headers(numbered)["Outbox-Seq"] == "12"
+    assert encoded_size(numbered) == encoded_size(unordered) + len("Outbox-Seq: 12\r\n")
+    with pytest.raises(PayloadTooLarge):
+        build(payload=b"x" * 10, key="k", ordered=True, max_payload_bytes=encoded_size(unordered))
 
 
 def test_headers_alone_can_exceed_the_limit() -> None:
