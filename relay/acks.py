@@ -27,6 +27,8 @@ log = logging.getLogger("relay.acks")
 
 Finish = Callable[[Sequence[tuple[str, str]]], int]
 Verify = Callable[[Sequence[str]], set[str]]
+# Which of these ordered heads (topic, key, seq) must wait for an earlier row of their key.
+Heads = Callable[[Sequence[store.Head]], set[tuple[str, str]]]
 RETRY_DELAYS_S = (0.0, 0.05, 0.2)  # a terminated connection is replaced by the second try
 
 
@@ -62,6 +64,19 @@ def sql_verifier(engine: Engine) -> Verify:
             return store.pending_among(conn, msg_ids)
 
     return verify
+
+
+def sql_heads(engine: Engine) -> Heads:
+    """The head check (store.blocked_keys), a statement of its own on a connection of its
+    own: a new transaction, so its snapshot is newer than the heads' commits (MariaDB's
+    REPEATABLE READ takes it at this first read)."""
+    engine = one_statement(engine)
+
+    def blocked(heads: Sequence[store.Head]) -> set[tuple[str, str]]:
+        with engine.connect() as conn:
+            return store.blocked_keys(conn, heads)
+
+    return blocked
 
 
 class AckBatcher(Lifecycle):

@@ -21,10 +21,11 @@ class BatchReport:
     dead: list[Failed] = field(default_factory=list)  # attempts spent: marked dead
     exhausted: list[str] = field(default_factory=list)  # retry schedule spent: left to the sweeper
     stopped: list[str] = field(default_factory=list)  # held at stop(): left to the sweeper
+    behind: list[str] = field(default_factory=list)  # behind an ordered head that left
 
     def left(self) -> int:
         """How many of the batch left the fast path (the retried stay)."""
-        return len(self.rejected) + len(self.exhausted) + len(self.stopped)
+        return len(self.rejected) + len(self.exhausted) + len(self.stopped) + len(self.behind)
 
     def tell(self, listeners: Listeners, path: Path) -> None:
         if self.sent:
@@ -39,3 +40,5 @@ class BatchReport:
             listeners.left_for_sweeper(self.exhausted, "exhausted")
         if self.stopped:
             listeners.left_for_sweeper(self.stopped, "stopped")
+        if self.behind:  # after their head's news: a listener hears the head first
+            listeners.left_for_sweeper(self.behind, "behind_head")

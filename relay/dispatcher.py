@@ -9,6 +9,26 @@ retryable failure to the TimeWheel for its next attempt. When the retry schedule
 spent, or a message is older than the hand-off limit, it leaves memory and waits in
 the table for the sweeper, which only takes rows older than its own threshold.
 Listeners (outbox.events.RelayListener) hear each batch's outcomes.
+
+Ordered messages (``send(..., ordered=True)``: ``message.seq`` set) go through a lane
+per (topic, key) (relay.lanes). What a lane guarantees:
+
+- one at a time: at most one message of a key is being checked, published or waiting
+  in the time wheel; the key's next goes only once the broker acked it, so a key's
+  messages reach the broker in seq order, which is their commit order;
+- the turn is certain: a lane's head whose predecessor this process did not ack itself
+  (another process's, the sweeper's, or not handed over yet) is checked against the
+  table first (``heads``, with the commit check): while an earlier row of its key is
+  pending or dead it waits in the time wheel, on the retry schedule
+  (``stats.key_waits``; not a failed attempt);
+- a failing key holds only itself: a head waiting to retry keeps its followers in the
+  lane, while other keys and unordered messages go on; a head that leaves the fast path
+  (schedule spent, too old, rejected, stopped) takes its followers with it, left to the
+  sweeper (``left_for_sweeper(reason="behind_head")``), which goes on in order;
+- memory stays bounded: followers hold their slots like any message (``queue_size``),
+  and the last acked seq is kept for at most ``relay.lanes.ACKED_KEYS`` keys.
+
+Unordered messages never enter a lane: they cost one branch more than before.
 """
 
 from __future__ import annotations
@@ -27,9 +47,10 @@ from outbox.events import Failed, RelayListener, Sent, Stats
 from outbox.message import Message
 from outbox.settings import Settings
 from outbox.tracing import publish_span
-from relay.acks import AckBatcher, Finish, Verify
+from relay.acks import AckBatcher, Finish, Heads, Verify
 from relay.batches import BatchReport
 from relay.brokers.base import publish_isolated
+from relay.lanes import ACKED_KEYS, Lanes
 from relay.listener import Listeners
 from relay.loop import BrokerLoop
 from relay.part import START_TIMEOUT_S, Lifecycle
@@ -45,11 +66,18 @@ class Delivery:
     committed: float  # clock() at commit: the start of commit->ack latency
     attempt: int = 0  # index into retry_delays_ms of the attempt being made
     check: bool = True  # re-read the row before publishing
+    head: bool = False  # an ordered lane's head whose turn the table must confirm
+    waits: int = 0  # times it waited for its key: index into retry_delays_ms like attempt
 
 
 class Dispatcher(Lifecycle):
     """The fast path: publishes through ``broker_loop``, which its owner (the Relay)
-    starts before and stops after it; ``finish`` marks acked rows."""
+    starts before and stops after it; ``finish`` marks acked rows, ``verify`` re-reads
+    rows whose commit is not proven, ``heads`` says which ordered heads must wait (None:
+    none ever does; only for tests without a table)."""
+
+    acked_keys = ACKED_KEYS  # keys whose last acked seq the lanes remember
+    lane_limit = 1000  # deliveries one key may hold waiting behind its head
 
     def __init__(
         self,
@@ -59,6 +87,7 @@ class Dispatcher(Lifecycle):
         clock: Callable[[], float] = time.monotonic,
         verify: Verify | None = None,
         listener: RelayListener | None = None,
+        heads: Heads | None = None,
     ) -> None:
         super().__init__()
         self.broker_loop = broker_loop
@@ -70,6 +99,7 @@ class Dispatcher(Lifecycle):
         self._clock = clock
         self._finish = finish
         self._verify = verify
+        self._heads = heads
         self._count_lock = threading.Lock()
         self._accepting = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -143,6 +173,7 @@ class Dispatcher(Lifecycle):
         self._wheel_busy = asyncio.Event()
         self._publishing: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self._lanes: Lanes[Delivery] = Lanes(self.acked_keys)
         self._wheel: TimeWheel[Delivery] = TimeWheel(
             self.settings.tick_ms, max(self.settings.retry_delays_ms), self._clock
         )
@@ -176,8 +207,41 @@ class Dispatcher(Lifecycle):
             self._stopped(deliveries)
             return
         self.stats.accepted += len(deliveries)
-        self._queue.extend(deliveries)
+        queue, lanes = self._queue, self._lanes
+        held_back: list[Delivery] = []
+        for delivery in deliveries:
+            if delivery.message.seq is None:
+                queue.append(delivery)
+            elif self._lane_full(delivery):
+                held_back.append(delivery)
+            elif lanes.arrive(delivery):  # its lane's head: its turn may come now
+                queue.append(self._turn(delivery))
+        if held_back:
+            self._behind_failing(held_back)
         self._dispatch()
+
+    def _lane_full(self, delivery: Delivery) -> bool:
+        """Whether ``delivery``'s key takes no more into memory: its head's publish failed
+        (it retries from the time wheel), or its head waits for another process's row and
+        ``lane_limit`` wait behind it already. A key that does not move must not fill the
+        slots every other key and unordered message share; one that moves takes what comes."""
+        head, waiting = self._lanes.ahead(delivery.message)
+        if head is None:
+            return False
+        return head.attempt > 0 or (head.waits > 0 and waiting >= self.lane_limit)
+
+    def _behind_failing(self, deliveries: list[Delivery]) -> None:
+        """Leave ``deliveries`` to the sweeper: their key's head is failing (or its lane is
+        full); they wait in the table, in order, behind it."""
+        self.stats.behind_head += len(deliveries)
+        self._slots.free(len(deliveries))
+        self.listeners.left_for_sweeper([d.message.msg_id for d in deliveries], "behind_head")
+
+    def _turn(self, delivery: Delivery) -> Delivery:
+        """``delivery`` became its lane's head: look at the table unless its predecessor
+        was acked by this process."""
+        delivery.head = self._heads is not None and not self._lanes.follows_ack(delivery.message)
+        return delivery
 
     def _dispatch(self) -> None:
         """Start publishing what is queued, as far as the in-flight limit allows.
@@ -192,26 +256,33 @@ class Dispatcher(Lifecycle):
             if not batch:
                 continue
             self._in_flight += len(batch)
-            self._checking = any(d.check for d in batch)
+            self._checking = any(d.check or d.head for d in batch)
             task = asyncio.get_running_loop().create_task(self._publish(batch))
             self._publishing.add(task)
             task.add_done_callback(self._publishing.discard)
 
     def _take_batch(self) -> list[Delivery]:
         batch: list[Delivery] = []
-        too_old: list[str] = []
+        too_old: list[Delivery] = []
         now = self._clock()
         while self._queue and len(batch) < self.settings.publish_batch:
             delivery = self._queue.popleft()
             if now - delivery.message.born > self.settings.handoff_limit_s:
-                too_old.append(delivery.message.msg_id)  # the sweeper may already be on it
+                too_old.append(delivery)  # the sweeper may already be on it
             else:
                 batch.append(delivery)
         if too_old:
-            self._slots.free(len(too_old))
-            self.stats.too_old += len(too_old)
-            self.listeners.left_for_sweeper(too_old, "too_old")
+            self._too_old(too_old)
         return batch
+
+    def _too_old(self, deliveries: list[Delivery]) -> None:
+        report = BatchReport()
+        for delivery in deliveries:
+            self._leave_lane(delivery, report)
+        self.stats.too_old += len(deliveries)
+        self._slots.free(len(deliveries) + report.left())
+        self.listeners.left_for_sweeper([d.message.msg_id for d in deliveries], "too_old")
+        report.tell(self.listeners, "fast")
 
     async def _publish(self, taken: list[Delivery]) -> None:
         batch = taken  # what this task still holds: all of it until the check is done
@@ -247,24 +318,25 @@ class Dispatcher(Lifecycle):
         report.tell(self.listeners, "fast")
 
     async def _committed_only(self, batch: list[Delivery], report: BatchReport) -> list[Delivery]:
-        """Keep the deliveries whose rows are visible and pending; retry the others later.
+        """Keep the deliveries whose rows are visible and pending, and whose key's turn
+        it is; the others wait in the time wheel.
 
         Only deliveries marked ``check`` are looked up. A row not visible yet belongs
         to a transaction that has not really committed (or never will): it goes to the
         time wheel like a failed publish; if it does commit later, a retry or the
-        sweeper takes it.
+        sweeper takes it. Ordered heads marked ``head`` are checked after that, by a
+        statement of their own (a newer snapshot): one whose key has an earlier row
+        pending or dead waits for it (``_wait_for_key``).
         """
-        to_check = [d for d in batch if d.check]
-        if not to_check or self._verify is None:
+        to_check = [d for d in batch if d.check or d.head]
+        if not to_check:
             return batch
         loop = asyncio.get_running_loop()
         try:
-            found = await loop.run_in_executor(
-                self._verifier, self._verify, [d.message.msg_id for d in to_check]
-            )
+            found, blocked = await loop.run_in_executor(self._verifier, self._look, to_check)
         except Exception as exc:
             log.warning("verifying %d message(s) failed: %s", len(to_check), exc.__class__.__name__)
-            found = set()
+            found, blocked = set(), {(d.message.topic, d.message.key or "") for d in to_check}
         finally:
             self._checking = False
             if not self._stopping:
@@ -272,18 +344,72 @@ class Dispatcher(Lifecycle):
         now = self._clock()
         kept: list[Delivery] = []
         for delivery in batch:
-            if not delivery.check or delivery.message.msg_id in found:
-                delivery.check = False  # seen committed once: retries need no new look
-                kept.append(delivery)
-            else:
+            message = delivery.message
+            if delivery.check and message.msg_id not in found:
                 self.stats.not_visible += 1
                 not_visible = retry("row not visible: transaction not committed")
                 self._settle(delivery, not_visible, now, report)
+                continue
+            delivery.check = False  # seen committed once: retries need no new look
+            if delivery.head and (message.topic, message.key) in blocked:
+                self._wait_for_key(delivery, report)
+                continue
+            delivery.head = False  # its predecessors are settled: retries need no new look
+            kept.append(delivery)
         return kept
 
+    def _look(self, to_check: list[Delivery]) -> tuple[set[str], set[tuple[str, str]]]:
+        """On the verifier's thread: the commit check, then the head check (if any)."""
+        ids = [d.message.msg_id for d in to_check if d.check]
+        found = self._verify(ids) if ids and self._verify is not None else set()
+        heads = [
+            (d.message.topic, d.message.key or "", d.message.seq or 0)
+            for d in to_check
+            if d.head and (not d.check or d.message.msg_id in found)
+        ]
+        blocked = self._heads(heads) if heads and self._heads is not None else set()
+        return found, blocked
+
+    def _wait_for_key(self, delivery: Delivery, report: BatchReport) -> None:
+        """An earlier row of its key is not settled: try again later, on the retry
+        schedule, unless a lower seq of its lane arrived meanwhile (that one goes first)."""
+        self.stats.key_waits += 1
+        delivery.waits += 1
+        if self._stopping:
+            self.stats.dropped_at_stop += 1
+            report.stopped.append(delivery.message.msg_id)
+            self._leave_lane(delivery, report)
+        elif delivery.waits >= len(self.settings.retry_delays_ms):
+            self.stats.exhausted += 1
+            report.exhausted.append(delivery.message.msg_id)
+            self._leave_lane(delivery, report)
+        elif lower := self._lanes.yield_to_lower(delivery):
+            self._queue.append(self._turn(lower))
+        else:
+            self._wheel.schedule(delivery, self.settings.retry_delays_ms[delivery.waits])
+            self._wheel_busy.set()
+
+    def _leave_lane(self, delivery: Delivery, report: BatchReport) -> None:
+        """``delivery`` leaves the fast path: if it heads a lane, its followers go too."""
+        if delivery.message.seq is None:
+            return
+        if behind := self._lanes.drop(delivery):
+            self.stats.behind_head += len(behind)
+            report.behind += [d.message.msg_id for d in behind]
+
+    def _next_in_lane(self, delivery: Delivery) -> None:
+        """``delivery`` was acked: its lane's next one may go now."""
+        if (head := self._lanes.acked(delivery)) is None:
+            return
+        if self._stopping:
+            self._stopped([head])
+        else:
+            self._queue.append(self._turn(head))
+
     def depths(self) -> tuple[int, int]:
-        """(messages in msgQueue, messages in the time wheel), for metrics; any thread."""
-        return len(self._queue), len(self._wheel)
+        """(messages in msgQueue or waiting in a lane, messages in the time wheel), for
+        metrics; any thread."""
+        return len(self._queue) + self._lanes.waiting, len(self._wheel)
 
     def held(self) -> int:
         """Messages the fast path holds now, wherever they wait: at most ``queue_size``."""
@@ -299,6 +425,8 @@ class Dispatcher(Lifecycle):
             self.stats.first_attempt += delivery.attempt == 0
             self.stats.duplicates += result.duplicate
             self.stats.latencies.append(latency)
+            if message.seq is not None:
+                self._next_in_lane(delivery)
             if self._acks.add(Sent(message.msg_id, message.topic, result.receipt or "", latency)):
                 return
             # Acked after stop() closed the acks thread: nobody marks it; the sweeper will.
@@ -310,14 +438,21 @@ class Dispatcher(Lifecycle):
             self.stats.rejected += 1
             report.rejected.append(failed)
             log.warning("%s rejected by the broker: %s", message.msg_id, result.error)
+            self._leave_lane(delivery, report)
         elif self._stopping:
             self.stats.dropped_at_stop += 1
             report.stopped.append(message.msg_id)
+            self._leave_lane(delivery, report)
         elif delivery.attempt + 1 >= len(self.settings.retry_delays_ms):
             self.stats.exhausted += 1
             report.exhausted.append(message.msg_id)
+            self._leave_lane(delivery, report)
         else:
             delivery.attempt += 1
+            # An operator may skip a failing ordered head (`outbox skip`): its retry looks
+            # whether the row is still pending, or its key's next could overtake it.
+            if message.seq is not None and self._verify is not None:
+                delivery.check = True
             self.stats.retried += 1
             report.retried.append(failed)
             self._wheel.schedule(delivery, self.settings.retry_delays_ms[delivery.attempt])
@@ -340,7 +475,7 @@ class Dispatcher(Lifecycle):
     async def _shutdown(self, deadline: float) -> bool:
         """True when the publishes and acks in flight finished before ``deadline``."""
         self._stopping = True
-        left = [*self._take_inbox_now(), *self._queue, *self._wheel.clear()]
+        left = [*self._take_inbox_now(), *self._queue, *self._wheel.clear(), *self._lanes.clear()]
         self._queue.clear()
         self._stopped(left)
         try:

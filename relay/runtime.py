@@ -33,7 +33,7 @@ from outbox.errors import OutboxError
 from outbox.events import RelayListener, Stats
 from outbox.message import Message
 from outbox.settings import Settings
-from relay.acks import sql_finisher, sql_verifier
+from relay.acks import sql_finisher, sql_heads, sql_verifier
 from relay.brokers import broker_for
 from relay.dispatcher import Dispatcher
 from relay.listener import Listeners
@@ -94,7 +94,7 @@ class Relay(Lifecycle):
         verify = sql_verifier(self.engine) if self.settings.verify_commit else None
         finish = sql_finisher(self.engine, self.settings.mark_mode)
         return Dispatcher(self.broker_loop, finish, self.settings, verify=verify,
-                          listener=self.listeners)  # fmt: skip
+                          listener=self.listeners, heads=sql_heads(self.engine))  # fmt: skip
 
     @property
     def stats(self) -> Stats | None:

@@ -7,7 +7,7 @@ an operator or another relay already finished is never changed again.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -32,9 +32,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql
 
-from outbox.table import DEAD, PENDING, SENT, db_now, outbox_message
+from outbox.table import DEAD, PENDING, SENT, SKIPPED, db_now, outbox_message
 
 t = outbox_message
+# The statuses that hold an ordered key: a message not settled yet (sent or skipped are).
+UNSETTLED = (PENDING, DEAD)
 
 
 # Acks name their rows by msg_id (the fast path: it holds the messages) or by row id
@@ -118,6 +120,56 @@ def pending_among(conn: Connection, msg_ids: Sequence[str]) -> set[str]:
     return {str(m) for m in found.scalars()}
 
 
+Head = tuple[str, str, int]  # (topic, key, seq) of an ordered message
+
+
+def blocked_keys(conn: Connection, heads: Sequence[Head]) -> set[tuple[str, str]]:
+    """-- blocked_keys -- the (topic, key) of those heads that must wait: a row of the same
+    key with a lower seq is pending or dead (not yet acked, or given up but not skipped).
+
+    One statement for the batch, each head a range of ix_outbox_message_key_seq. Run it
+    alone, in a snapshot taken after the heads committed (a new transaction): a head
+    visible there has its predecessors visible too (seq order is commit order). Never
+    inside a SKIP LOCKED claim, which may pass over a locked predecessor.
+    """
+    if not heads:
+        return set()
+    if conn.dialect.name == "postgresql":
+        topics, keys, seqs = (list(column) for column in zip(*heads, strict=True))
+        params = {"head_topics": topics, "head_keys": keys, "head_seqs": seqs}
+        return {(topic, key) for topic, key in conn.execute(BLOCKED_KEYS_PG, params)}
+    earlier = or_(
+        *(and_(t.c.topic == topic, t.c.key == key, t.c.seq < seq) for topic, key, seq in heads)
+    )
+    query = select(t.c.topic, t.c.key).where(earlier, t.c.status.in_(UNSETTLED)).distinct()
+    return {(topic, key) for topic, key in conn.execute(query)}
+
+
+def _blocked_keys_pg() -> Select[Any]:
+    """blocked_keys on PostgreSQL: the heads as three arrays, one statement compiled once
+    (an OR per head is a new statement, compiled anew, for every batch size)."""
+    head = (
+        func.unnest(
+            bindparam("head_topics", type_=postgresql.ARRAY(String())),
+            bindparam("head_keys", type_=postgresql.ARRAY(String())),
+            bindparam("head_seqs", type_=postgresql.ARRAY(BigInteger())),
+        )
+        .table_valued("topic", "key", "seq")
+        .render_derived(name="head")
+    )
+    earlier = select(t.c.id).where(
+        t.c.topic == head.c.topic,
+        t.c.key == head.c.key,
+        t.c.status.in_(UNSETTLED),
+        t.c.seq.is_not(None),  # the index's own condition
+        t.c.seq < head.c.seq,
+    )
+    return select(head.c.topic, head.c.key).where(earlier.exists()).distinct()
+
+
+BLOCKED_KEYS_PG = _blocked_keys_pg()
+
+
 def db_clock(conn: Connection) -> datetime:
     """-- db_clock -- the database's now, in UTC: every age the relay compares is on this
     clock, whatever the session's time zone (see outbox.table.db_now)."""
@@ -147,40 +199,82 @@ class Claimed(NamedTuple):
     tags: str | None
     headers: Any  # JSON: a dict for rows send() wrote
     attempts: int
+    seq: int | None  # an ordered message's place in its key
     payload: bytes | None  # None when left out by size (see load_payloads) or NULL
     size: int | None
 
 
-def claim_due_stmt(
-    cutoff: datetime, now: datetime, limit: int, due_only: bool = True, after_id: int | None = None
-) -> Select[Any]:
-    """-- claim_due -- pending rows older than the cutoff and due, oldest first, locked.
-
-    SKIP LOCKED lets any number of sweepers run at once: each takes rows no other
-    transaction holds. No id cursor: a row that commits late (a long transaction)
-    is found by its created_at like any other. The columns are Claimed's; ``payload``
-    is NULL when it is bigger than its share of LOAD_PAYLOAD_BYTES (``size`` says how
-    big): see load_payloads.
-    """
+def claimed_columns(limit: int) -> list[Any]:
+    """Claimed's columns; ``payload`` is NULL when it is bigger than its share of
+    LOAD_PAYLOAD_BYTES in a claim of ``limit`` rows (``size`` says how big)."""
     size = func.length(t.c.payload)
     inline = max(MIN_INLINE_BYTES, LOAD_PAYLOAD_BYTES // limit)
-    columns = [
+    return [
         *(t.c[name] for name in Claimed._fields[:-2]),
         case((size <= inline, t.c.payload)).label("payload"),
         size.label("size"),
     ]
-    due = or_(t.c.next_attempt_at.is_(None), t.c.next_attempt_at <= now) if due_only else true()
-    if after_id is not None:  # a drain: each row once, in id order
+
+
+def is_head(row: Any = t) -> Any:
+    """Whether an ordered row may be published: no earlier row of its (topic, key) is
+    pending or dead (the others are sent, skipped or purged). Unordered rows always may.
+
+    Two short ranges of ix_outbox_message_key_seq (topic, key, status, seq): the key's
+    retained sent rows are never read.
+    """
+    prior = t.alias("prior")
+    earlier = (
+        select(prior.c.id)
+        .where(
+            prior.c.topic == row.c.topic,
+            prior.c.key == row.c.key,
+            prior.c.status.in_((PENDING, DEAD)),
+            prior.c.seq.is_not(None),  # the index's own condition
+            prior.c.seq < row.c.seq,
+        )
+        .correlate(row)
+    )
+    return or_(row.c.seq.is_(None), ~earlier.exists())
+
+
+def claim_due_stmt(
+    cutoff: datetime,
+    now: datetime,
+    limit: int,
+    due_only: bool = True,
+    after_id: int | None = None,
+    failed: Collection[int] = (),
+) -> Select[Any]:
+    """-- claim_due -- pending rows older than the cutoff and due, oldest first, locked;
+    of an ordered key only its head (see is_head), so a blocked key's rows never fill it.
+
+    SKIP LOCKED lets any number of sweepers run at once: each takes rows no other
+    transaction holds; owning a key's head is owning the key. No id cursor: a row that
+    commits late (a long transaction) is found by its created_at like any other.
+
+    A drain (``after_id``) takes each unordered row once, in id order; an ordered head
+    whatever its id (it became the head when the row before it was sent, maybe after the
+    cursor passed it) unless it is among the ``failed`` of this drain pass.
+    """
+    columns = claimed_columns(limit)
+    pending = [t.c.status == PENDING, t.c.created_at < cutoff, is_head()]
+    if after_id is not None:
+        unordered = and_(t.c.seq.is_(None), t.c.id > after_id)
+        ordered: Any = t.c.seq.is_not(None)
+        if failed:
+            ordered = and_(ordered, t.c.id.not_in(list(failed)))
         return (
             select(*columns)
-            .where(t.c.status == PENDING, t.c.created_at < cutoff, t.c.id > after_id)
+            .where(*pending, or_(unordered, ordered))
             .order_by(t.c.id)
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
+    due = or_(t.c.next_attempt_at.is_(None), t.c.next_attempt_at <= now) if due_only else true()
     return (
         select(*columns)
-        .where(t.c.status == PENDING, t.c.created_at < cutoff, due)
+        .where(*pending, due)
         .order_by(t.c.created_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
@@ -188,7 +282,70 @@ def claim_due_stmt(
 
 
 def claim(conn: Connection, stmt: Select[Any]) -> list[Claimed]:
-    return [Claimed._make(row) for row in conn.execute(stmt)]
+    """The rows ``stmt`` (claim_due_stmt) locks, less the ordered ones a fresh look finds
+    are no longer their key's head (only where the claim's own look may be stale)."""
+    rows = [Claimed._make(row) for row in conn.execute(stmt)]
+    if conn.dialect.name not in ("mysql", "mariadb"):
+        return rows
+    ordered = [row.id for row in rows if row.seq is not None]
+    if not ordered:
+        return rows
+    heads = still_heads(conn, ordered)
+    return [row for row in rows if row.seq is None or row.id in heads]
+
+
+def still_heads(conn: Connection, row_ids: Sequence[int]) -> set[int]:
+    """-- still_heads -- which of these ordered rows are their key's head now.
+
+    InnoDB reads the subquery of a locking statement in a snapshot that may predate the
+    rows it locked (a predecessor committed just before its follower is then unseen):
+    this separate statement, at READ COMMITTED (the sweeper's, see relay.sweeper), sees
+    every row committed before the claim, so each locked row's predecessors.
+    """
+    found = conn.execute(select(t.c.id).where(t.c.id.in_(list(row_ids)), is_head()))
+    return set(found.scalars())
+
+
+def followers_stmt(
+    heads: Sequence[Claimed], cutoff: datetime, per_key: int, limit: int
+) -> Select[Any]:
+    """-- followers -- the next ``per_key`` rows of each head's key, by seq, pending,
+    older than the cutoff, locked; those another transaction holds are skipped (a gap:
+    see followers). The heads are this transaction's, so no other publisher has their keys.
+    """
+    ranges = [
+        and_(t.c.topic == h.topic, t.c.key == h.key, t.c.seq.between(h.seq + 1, h.seq + per_key))
+        for h in heads
+        if h.seq is not None
+    ]
+    return (
+        select(*claimed_columns(limit))
+        .where(or_(*ranges), t.c.status == PENDING, t.c.created_at < cutoff)
+        .with_for_update(skip_locked=True)
+    )
+
+
+def followers(
+    conn: Connection, heads: Sequence[Claimed], cutoff: datetime, room: int, limit: int
+) -> list[Claimed]:
+    """The rows that follow the claimed ordered ``heads`` without a gap, at most ``room``
+    in all (shared evenly by the keys), in seq order per key. A gap is a row that is
+    not pending, too young or locked elsewhere: the key's rows stop before it."""
+    ordered = [h for h in heads if h.seq is not None]
+    per_key = room // len(ordered) if ordered else 0
+    if per_key == 0:
+        return []
+    found = conn.execute(followers_stmt(ordered, cutoff, per_key, limit))
+    by_key: dict[tuple[str, str | None], dict[int, Claimed]] = {}
+    for row in map(Claimed._make, found):
+        by_key.setdefault((row.topic, row.key), {})[row.seq or 0] = row
+    taken: list[Claimed] = []
+    for head in ordered:
+        rows, seq = by_key.get((head.topic, head.key), {}), (head.seq or 0) + 1
+        while seq in rows:
+            taken.append(rows.pop(seq))
+            seq += 1
+    return taken
 
 
 def load_payloads(conn: Connection, rows: Sequence[Any]) -> dict[int, bytes]:
@@ -252,7 +409,8 @@ def count_if(condition: Any) -> Any:
 
 
 def status_by_topic(conn: Connection, now: datetime) -> list[dict[str, Any]]:
-    """-- status -- per topic: pending, oldest pending, dead, sent in the last minute/hour."""
+    """-- status -- per topic: pending, oldest pending, dead, skipped, blocked keys, sent in
+    the last minute/hour."""
 
     query = (
         select(
@@ -260,6 +418,8 @@ def status_by_topic(conn: Connection, now: datetime) -> list[dict[str, Any]]:
             count_if(t.c.status == PENDING).label("pending"),
             func.min(case((t.c.status == PENDING, waiting_since()))).label("oldest_pending"),
             count_if(t.c.status == DEAD).label("dead"),
+            count_if(t.c.status == SKIPPED).label("skipped"),
+            count_if(blocking_head()).label("blocked_keys"),
             count_if(and_(t.c.status == SENT, t.c.sent_at >= now - timedelta(minutes=1))).label(
                 "sent_1m"
             ),
@@ -273,6 +433,51 @@ def status_by_topic(conn: Connection, now: datetime) -> list[dict[str, Any]]:
     return [dict(row._mapping) for row in conn.execute(query)]
 
 
+def blocking_head() -> Any:
+    """The row is a dead ordered message at the head of its key (is_head): the key's later
+    messages wait for it, until `outbox requeue` or `outbox skip`. Cheap conditions
+    first: the subquery runs for dead ordered rows only."""
+    return and_(t.c.status == DEAD, t.c.seq.is_not(None), is_head())
+
+
+def held_behind() -> Any:
+    """How many messages of the row's key after it are unsettled (held while it blocks)."""
+    later = t.alias("later")
+    return (
+        select(func.count())
+        .where(
+            later.c.topic == t.c.topic,
+            later.c.key == t.c.key,
+            later.c.status.in_(UNSETTLED),
+            later.c.seq.is_not(None),  # the index's own condition
+            later.c.seq > t.c.seq,
+        )
+        .scalar_subquery()
+    )
+
+
+class BlockedKey(NamedTuple):
+    """A key whose head (lowest unsettled seq) is dead: `outbox status`'s blocked keys."""
+
+    topic: str
+    key: str
+    msg_id: Any  # uuid.UUID: the head's
+    seq: int
+    behind: int  # unsettled messages of the key after the head
+    created_at: datetime  # the head's
+
+
+def dead_heads(conn: Connection, limit: int) -> list[BlockedKey]:
+    """-- dead_heads -- at most ``limit`` blocked keys, the oldest head first."""
+    query = (
+        select(t.c.topic, t.c.key, t.c.msg_id, t.c.seq, held_behind(), t.c.created_at)
+        .where(blocking_head())
+        .order_by(t.c.created_at, t.c.id)
+        .limit(limit)
+    )
+    return [BlockedKey._make(row) for row in conn.execute(query)]
+
+
 def waiting_since() -> Any:
     """When a pending row last became due: its requeue or its failed attempt's retry time
     (``next_attempt_at``), else its creation. An age from this does not count the time
@@ -282,7 +487,7 @@ def waiting_since() -> Any:
 
 def backlog_by_topic(conn: Connection) -> list[Any]:
     """-- backlog -- per topic with pending or dead rows: pending, oldest waiting_since
-    of the pending rows, dead. One query, for /metrics."""
+    of the pending rows, dead, blocked keys. One query, for /metrics."""
 
     query = (
         select(
@@ -290,6 +495,7 @@ def backlog_by_topic(conn: Connection) -> list[Any]:
             count_if(t.c.status == PENDING).label("pending"),
             func.min(case((t.c.status == PENDING, waiting_since()))).label("oldest_pending"),
             count_if(t.c.status == DEAD).label("dead"),
+            count_if(blocking_head()).label("blocked_keys"),
         )
         .where(t.c.status.in_((PENDING, DEAD)))  # sent rows (the retained ledger) not read
         .group_by(t.c.topic)
@@ -372,6 +578,100 @@ def requeue(conn: Connection, dead_only: bool, topic: str | None, msg_ids: Seque
         total, after = total + done, last
 
 
+class SkipOutcome(NamedTuple):
+    """What `outbox skip` did to one msg_id."""
+
+    msg_id: str
+    outcome: str  # skipped, already_sent, already_skipped or unknown (no row)
+    was: str | None  # the status it had, None when no row
+    topic: str | None
+    key: str | None
+    seq: int | None  # an ordered message's place in its key
+    held_by_earlier: bool  # ordered, and an earlier message of its key is still unsettled
+
+
+def skip(conn: Connection, msg_ids: Sequence[str]) -> list[SkipOutcome]:
+    """-- skip -- the pending or dead ones of ``msg_ids`` become skipped, in ``conn``'s
+    transaction; an outcome per msg_id, in the order given.
+
+    One plain UPDATE per row under the status condition, in id order (two skips never
+    deadlock each other): it waits for a sweeper or relay holding the row, and leaves
+    alone a row that became sent meanwhile. Sent rows are never skipped: they reached
+    the broker.
+    """
+    wanted = [uuid.UUID(m) for m in msg_ids]
+    columns = (t.c.id, t.c.msg_id, t.c.status, t.c.topic, t.c.key, t.c.seq)
+    rows = conn.execute(select(*columns).where(t.c.msg_id.in_(wanted)).order_by(t.c.id)).all()
+    found = {str(row.msg_id): skip_row(conn, row) for row in rows}
+    unknown = SkipOutcome("", "unknown", None, None, None, None, False)
+    return [found.get(m) or unknown._replace(msg_id=m) for m in map(str, wanted)]
+
+
+def skip_row(conn: Connection, row: Any) -> SkipOutcome:
+    """Skip one row read by ``skip`` if it is still pending or dead."""
+    changed = conn.execute(
+        update(t).where(t.c.id == row.id, t.c.status.in_(UNSETTLED)).values(status=SKIPPED)
+    ).rowcount
+    if changed:
+        held = row.seq is not None and earlier_unsettled(conn, row)
+        return skip_outcome(row, "skipped", row.status, held)
+    now = current_status(conn, row.id)
+    status = SENT if now is None else now.status  # no row now: deleted once sent (delete mode)
+    return skip_outcome(row, f"already_{status}", status)
+
+
+def skip_outcome(row: Any, outcome: str, was: str, held: bool = False) -> SkipOutcome:
+    return SkipOutcome(str(row.msg_id), outcome, was, row.topic, row.key, row.seq, held)
+
+
+def current_status(conn: Connection, row_id: int) -> Any:
+    """-- current_status -- a row's status as committed now: a locking read (InnoDB's
+    REPEATABLE READ would answer from the transaction's snapshot otherwise)."""
+    query = select(t.c.status).where(t.c.id == row_id).with_for_update()
+    return conn.execute(query).one_or_none()
+
+
+def earlier_unsettled(conn: Connection, row: Any) -> bool:
+    """-- earlier_unsettled -- an earlier message of the row's key is pending or dead."""
+    query = select(t.c.id).where(
+        t.c.topic == row.topic,
+        t.c.key == row.key,
+        t.c.status.in_(UNSETTLED),
+        t.c.seq.is_not(None),  # the index's own condition
+        t.c.seq < row.seq,
+    )
+    return conn.execute(query.limit(1)).first() is not None
+
+
+class Overtaken(NamedTuple):
+    """An ordered message a later message of its key was delivered before."""
+
+    msg_id: Any  # uuid.UUID
+    topic: str
+    key: str
+    seq: int
+    delivered_seq: int  # the highest seq of its key marked sent
+
+
+def overtaken(conn: Connection, msg_ids: Sequence[str]) -> list[Overtaken]:
+    """-- overtaken -- of ``msg_ids``, the ordered ones whose key has a higher seq sent:
+    requeued, they would reach the broker after it (out of order)."""
+    m, later = t.alias("m"), t.alias("later")
+    after = and_(
+        later.c.topic == m.c.topic,
+        later.c.key == m.c.key,
+        later.c.status == SENT,
+        later.c.seq > m.c.seq,
+    )
+    query = (
+        select(m.c.msg_id, m.c.topic, m.c.key, m.c.seq, func.max(later.c.seq))
+        .join(later, after)
+        .where(m.c.msg_id.in_([uuid.UUID(i) for i in msg_ids]), m.c.seq.is_not(None))
+        .group_by(m.c.msg_id, m.c.topic, m.c.key, m.c.seq)
+    )
+    return [Overtaken._make(row) for row in conn.execute(query)]
+
+
 def unknown_ids(conn: Connection, msg_ids: Sequence[str]) -> list[str]:
     """-- unknown_ids -- those of ``msg_ids`` with no row (never written, or purged)."""
     wanted = select(t.c.msg_id).where(t.c.msg_id.in_([uuid.UUID(m) for m in msg_ids]))
@@ -394,23 +694,28 @@ class Failure(NamedTuple):
     msg_id: Any  # uuid.UUID
     status: str
     topic: str
+    key: str | None
+    seq: int | None  # an ordered message's place in its key
     attempts: int
     created_at: datetime
     next_attempt_at: datetime | None
     last_error: str | None
+    blocks_behind: int | None  # a dead ordered head: the messages of its key it holds
 
 
 def failures_stmt(
     kinds: Sequence[str], topic: str | None, limit: int, before_id: int | None
 ) -> Select[Any]:
     """-- failures -- dead rows and/or failing ones (pending, attempts > 0), newest first,
-    ``limit`` of them with ids below ``before_id`` (the page before)."""
+    ``limit`` of them with ids below ``before_id`` (the page before); a dead ordered
+    head says how many messages of its key it holds."""
     chosen = []
     if DEAD in kinds:
         chosen.append(t.c.status == DEAD)
     if FAILING in kinds:
         chosen.append(and_(t.c.status == PENDING, t.c.attempts > 0))
-    query = select(*(t.c[name] for name in Failure._fields)).where(or_(*chosen))
+    blocks = case((blocking_head(), held_behind())).label("blocks_behind")
+    query = select(*(t.c[name] for name in Failure._fields[:-1]), blocks).where(or_(*chosen))
     if topic is not None:
         query = query.where(t.c.topic == topic)
     if before_id is not None:

@@ -5,7 +5,14 @@ are due, oldest first, locked with SKIP LOCKED so that any number of sweepers, i
 apps and in ``outbox relay`` workers, share the work without a coordinator. A row
 that fails is retried later with exponential backoff and jitter, and is marked
 ``dead`` after ``max_attempts`` (a permanent failure: after ``permanent_attempts``);
-a failing row never holds back the rows beside it.
+a failing row never holds back the rows beside it, but for an ordered key's.
+
+Ordered messages (``send(..., ordered=True)``): a key's rows are claimed from its head
+(the lowest seq not yet sent or skipped) only, with the rows after it, and published
+one after another, each once the broker acked the one before; keys side by side. A
+failure stops its key until the head is retried (its later rows cost no attempt); a
+dead head blocks its key until ``outbox requeue`` or ``outbox skip``. Locking the head
+is owning the key: any number of sweepers never publish two rows of a key at once.
 Listeners (outbox.events.RelayListener) hear each batch's outcomes once it is committed.
 
 Delivery is at least once: if the process dies between publishing and committing
@@ -19,11 +26,11 @@ import logging
 import random
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Engine
 
@@ -58,7 +65,7 @@ class Sweeper:
         settings: Settings | None = None,
         listener: RelayListener | None = None,
     ) -> None:
-        self.engine = engine
+        self.engine = fresh_reads(engine)
         self.broker_loop = broker_loop
         self.settings = settings or Settings()
         self.listeners = Listeners.of(listener)
@@ -83,6 +90,11 @@ class Sweeper:
         version) is recorded as failed without being published, and a message the
         broker or adapter refuses fails alone; the rest of the batch is marked once.
         """
+        return self._counted_sweep(min_age_s, due_only, cursor)[0]
+
+    def _counted_sweep(
+        self, min_age_s: float | None, due_only: bool, cursor: Cursor | None
+    ) -> tuple[SweepResult, bool]:
         with self._sweeping_changed:
             self._sweeping += 1
         try:
@@ -94,45 +106,68 @@ class Sweeper:
 
     def _sweep_once(
         self, min_age_s: float | None, due_only: bool, cursor: Cursor | None
-    ) -> SweepResult:
+    ) -> tuple[SweepResult, bool]:
+        """The batch's result, and whether an ordered row was acked (its key may have a
+        next head now, though the batch was not full)."""
         age = self.settings.sweeper_age_s if min_age_s is None else min_age_s
         started = time.monotonic()
         rows: list[store.Claimed] = []
         try:
             with self.engine.begin() as conn:
-                now = store.db_clock(conn)
-                claim = store.claim_due_stmt(
-                    now - timedelta(seconds=age), now, self.settings.sweep_batch, due_only,
-                    after_id=cursor.claimed_up_to if cursor else None,
-                )  # fmt: skip
-                rows = store.claim(conn, claim)
+                rows = self._claim(conn, age, due_only, cursor)
                 if not rows:
-                    return SweepResult()
-                if cursor is not None:
-                    cursor.advance(max(row.id for row in rows))
+                    return SweepResult(), False
                 big = store.load_payloads(conn, rows)
                 prepared = [checked_message(r, big.get(r.id), self.known) for r in rows]
-                results = self._publish(prepared)
-                report = self._record(conn, rows, results)
+                published = self._publish_in_order(rows, prepared)
+                report = self._record(conn, rows, published.results)
+                if cursor is not None:  # before the commit: no other sweep retakes them
+                    cursor.failed_ordered(ordered_ids(rows, published.results, ok=False))
         except _BrokerUnreachable as why:
             if self._stopping.is_set():
                 log.info("sweep: stopping, batch of %d left pending", len(rows))
             else:
                 self.broker_loop.outage.failed(f"{why}; sweep: batch of {len(rows)} left pending")
-            return SweepResult(claimed=len(rows), aborted=True)
-        if any(isinstance(m, Message) for m in prepared):  # the broker answered
+            return SweepResult(claimed=len(rows), aborted=True), False
+        if published.cut_short is not None:
+            self._cut_short(published.cut_short, published.held)
+        elif any(isinstance(m, Message) for m in prepared):  # the broker answered
             self.broker_loop.outage.ok()
         result = sweep_result(report)
+        result.aborted = published.cut_short is not None
         log.log(
             self.batch_log_level,
-            "sweep: claimed=%d sent=%d retry_later=%d dead=%d",
+            "sweep: claimed=%d sent=%d retry_later=%d dead=%d%s",
             result.claimed, result.sent, result.failed, result.dead,
+            f" held_back={published.held}" if published.held else "",
         )  # fmt: skip
         with self._totals_lock:
             self.totals += result
         report.tell(self.listeners, "sweeper")
         self.listeners.swept(result, time.monotonic() - started)
-        return result
+        return result, bool(ordered_ids(rows, published.results, ok=True))
+
+    def _claim(
+        self, conn: Connection, age: float, due_only: bool, cursor: Cursor | None
+    ) -> list[store.Claimed]:
+        """Due rows and ordered heads, then the heads' followers, all locked."""
+        now = store.db_clock(conn)
+        cutoff, limit = now - timedelta(seconds=age), self.settings.sweep_batch
+        claim = store.claim_due_stmt(
+            cutoff, now, limit, due_only,
+            after_id=cursor.claimed_up_to if cursor else None,
+            failed=cursor.failed_ids() if cursor else (),
+        )  # fmt: skip
+        rows = store.claim(conn, claim)
+        if rows and cursor is not None:
+            cursor.advance(max(row.id for row in rows))  # not the followers': see Cursor
+        return rows + store.followers(conn, rows, cutoff, limit - len(rows), limit)
+
+    def _cut_short(self, why: str, held: int) -> None:
+        if self._stopping.is_set():
+            log.info("sweep: stopping, %d ordered row(s) left pending", held)
+        else:
+            self.broker_loop.outage.failed(f"{why}; sweep: {held} ordered row(s) left pending")
 
     def sweep(
         self,
@@ -143,20 +178,22 @@ class Sweeper:
     ) -> SweepResult:
         """Sweep until no full batch is left, with ``concurrency`` sweeps side by side.
 
-        Stops early when ``stop()`` was called or the broker is unreachable. With
-        ``due_only=False`` (a drain) each row is claimed at most once per call, so a
-        failing row is not retried at once and spends no more than one attempt.
+        A batch that was not full goes on while it advanced an ordered key (the key's
+        next rows may be heads now). Stops early when ``stop()`` was called or the
+        broker is unreachable. With ``due_only=False`` (a drain) each row is claimed at
+        most once per call, so a failing row is not retried at once and spends no more
+        than one attempt.
         """
         cursor = None if due_only else Cursor()
 
         def loop() -> SweepResult:
             done = SweepResult()
             while not self._stopping.is_set():
-                batch = self.sweep_once(min_age_s, due_only, cursor)
+                batch, advanced = self._counted_sweep(min_age_s, due_only, cursor)
                 done += batch
-                if on_batch is not None and batch.claimed and not batch.aborted:
+                if on_batch is not None and (batch.sent or batch.failed or batch.dead):
                     on_batch(batch)
-                if batch.aborted or batch.claimed < self.settings.sweep_batch:
+                if batch.aborted or (batch.claimed < self.settings.sweep_batch and not advanced):
                     break
             return done
 
@@ -195,6 +232,34 @@ class Sweeper:
                     log.info("retention: purged=%d", purged)
                 return purged
 
+    def _publish_in_order(
+        self, rows: Sequence[store.Claimed], prepared: list[Message | PublishResult]
+    ) -> _Published:
+        """Publish in waves: the first has the unordered rows and each key's first row;
+        each next wave the next row of each key whose rows have all been acked so far.
+        A key's row is never in flight beside, nor before the ack of, the row before it;
+        a failure stops its key for this sweep (the rest stay pending, unattempted).
+
+        If the broker stops answering after the first wave, the answers so far are kept
+        and the rest is left pending (``cut_short``); in the first, _BrokerUnreachable.
+        """
+        results: list[PublishResult | None] = [None] * len(rows)
+        chains = [deque(chain) for chain in key_chains(rows)]
+        first = True
+        while chains:
+            wave = [chain.popleft() for chain in chains]
+            try:
+                answers = self._publish([prepared[i] for i in wave])
+            except _BrokerUnreachable as why:
+                if first:
+                    raise
+                return _Published(results, str(why), sum(map(len, chains)) + len(wave))
+            for i, answer in zip(wave, answers, strict=True):
+                results[i] = answer
+            chains = [c for c, a in zip(chains, answers, strict=True) if c and a.ok]
+            first = False
+        return _Published(results, None, sum(r is None for r in results))
+
     def _publish(self, prepared: list[Message | PublishResult]) -> list[PublishResult]:
         """One result per row (the broker's, or the row's own refusal); _BrokerUnreachable
         when the broker could not be asked at all."""
@@ -216,12 +281,18 @@ class Sweeper:
         return [next(found) if isinstance(m, Message) else m for m in prepared]
 
     def _record(
-        self, conn: Connection, rows: Sequence[store.Claimed], results: list[PublishResult]
+        self,
+        conn: Connection,
+        rows: Sequence[store.Claimed],
+        results: Sequence[PublishResult | None],
     ) -> BatchReport:
+        """Mark the acked rows, record the failed ones; a row not tried (None) is left as it is."""
         report = BatchReport()
         failures: list[dict[str, Any]] = []
         acks: list[tuple[int, str]] = []
         for row, result in zip(rows, results, strict=True):
+            if result is None:
+                continue
             msg_id = str(row.msg_id)
             if result.ok:
                 report.sent.append(Sent(msg_id, row.topic, result.receipt or ""))
@@ -264,6 +335,15 @@ class Sweeper:
         return float(ceiling * random.uniform(0.5, 1.0))
 
 
+def fresh_reads(engine: Engine) -> Engine:
+    """``engine`` for the sweeps: on MySQL and MariaDB at READ COMMITTED, so that each
+    statement reads what committed before it (store.still_heads needs it), not the
+    snapshot of the transaction's first read. PostgreSQL's default already is."""
+    if engine.dialect.name not in ("mysql", "mariadb"):
+        return engine
+    return engine.execution_options(isolation_level="READ COMMITTED")
+
+
 def sweep_result(report: BatchReport) -> SweepResult:
     """The counts of one swept batch: each claimed row was sent, retried or dead."""
     claimed = len(report.sent) + len(report.retried) + len(report.dead)
@@ -289,15 +369,61 @@ class _BrokerUnreachable(Exception):
 
 
 class Cursor:
-    """The highest row id claimed so far by the sweeps of one drain (thread-safe)."""
+    """Where the sweeps of one drain pass are (thread-safe): the highest row id claimed
+    (unordered rows are taken past it only, each once) and the ordered rows that failed
+    (a key's next head may sit below that id: ordered heads are taken by key, not by id,
+    but a failed one is not taken again in the pass). The followers claimed with their
+    head do not move the id: the rows between stay to be taken."""
 
     def __init__(self) -> None:
         self.claimed_up_to = 0
+        self.failed: set[int] = set()
         self._lock = threading.Lock()
 
     def advance(self, row_id: int) -> None:
         with self._lock:
             self.claimed_up_to = max(self.claimed_up_to, row_id)
+
+    def failed_ordered(self, row_ids: Iterable[int]) -> None:
+        with self._lock:
+            self.failed.update(row_ids)
+
+    def failed_ids(self) -> list[int]:
+        with self._lock:
+            return list(self.failed)
+
+
+class _Published(NamedTuple):
+    """A batch's answers, one per row (None: not tried), and why it was cut short if it was."""
+
+    results: list[PublishResult | None]
+    cut_short: str | None
+    held: int  # rows not tried: behind a failure of their key, or after a cut
+
+
+def ordered_ids(
+    rows: Sequence[store.Claimed], results: Sequence[PublishResult | None], ok: bool
+) -> list[int]:
+    """The ids of the ordered rows that were tried and succeeded (``ok``) or failed."""
+    return [
+        row.id
+        for row, result in zip(rows, results, strict=True)
+        if row.seq is not None and result is not None and result.ok is ok
+    ]
+
+
+def key_chains(rows: Sequence[store.Claimed]) -> list[list[int]]:
+    """The rows' indexes as publishing chains: each unordered row alone (first), then each
+    ordered (topic, key)'s rows in seq order."""
+    alone: list[list[int]] = []
+    keys: dict[tuple[str, str | None], list[int]] = {}
+    for i, row in enumerate(rows):
+        if row.seq is None:
+            alone.append([i])
+        else:
+            keys.setdefault((row.topic, row.key), []).append(i)
+    ordered = [sorted(chain, key=lambda i: (rows[i].seq, rows[i].id)) for chain in keys.values()]
+    return alone + ordered
 
 
 def checked_message(

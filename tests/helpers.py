@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,6 +31,32 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
         time.sleep(every)
+
+
+def workers_until(
+    command: list[str],
+    env: Mapping[str, str],
+    done: Callable[[], object],
+    what: str,
+    n: int = 4,
+    started: Callable[[], object] | None = None,
+) -> list[str]:
+    """Run ``n`` worker processes of ``command`` until ``done``, stop them with SIGTERM;
+    their stderr logs. Each must exit 0. ``started`` runs once they were launched."""
+    workers = [
+        subprocess.Popen(command, env=dict(env), stderr=subprocess.PIPE, text=True)
+        for _ in range(n)
+    ]
+    try:
+        if started is not None:
+            started()
+        wait_until(done, timeout=120, what=what)
+    finally:
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)
+        logs = [worker.communicate(timeout=30)[1] for worker in workers]
+    assert all(w.returncode == 0 for w in workers), logs
+    return logs
 
 
 @contextmanager

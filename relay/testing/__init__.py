@@ -24,6 +24,8 @@ constructing it.
 - ``MarkKiller``: terminates the relay's DB connection between publish and mark.
 - ``kill_app_after_commit``, ``kill_producer_after_commit``, ``paused``: processes
   killed or stopped at the worst moment.
+- ``order.out_of_order(entries)``, ``order.gaps(entries)``: per-key order, as consumers
+  see it, of what a broker holds (``Outbox-Seq``).
 - ``scratch_schema(db)``: an empty PostgreSQL schema for a block, dropped afterwards.
 - ``free_port()``: a free loopback TCP port.
 

@@ -209,22 +209,25 @@ _KILLED_APP = textwrap.dedent(
     import sys
     from sqlalchemy.orm import Session
     from outbox import Outbox
-    db, broker, topic, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    db, broker, topic, count, keys = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:])
     ob = Outbox(db, broker=broker, sweeper=False)
     ob.start()
-    with Session(ob.engine) as session, session.begin():
-        for i in range(count):
-            ob.send(session, topic, {"i": i})
+    for first in range(0, count, 10):  # transactions of 10; with keys, ordered ones
+        with Session(ob.engine) as session, session.begin():
+            for i in range(first, min(count, first + 10)):
+                key = f"k{i % keys}" if keys else None
+                ob.send(session, topic, {"i": i}, key=key, ordered=bool(keys))
     print("committed", flush=True)
     sys.stdin.read()  # wait, messages in memory, until killed
     """
 )
 
 
-def kill_app_after_commit(db: str, broker: str, topic: str, count: int) -> None:
-    """Commit ``count`` messages in a subprocess and SIGKILL it at once."""
+def kill_app_after_commit(db: str, broker: str, topic: str, count: int, keys: int = 0) -> None:
+    """Commit ``count`` messages in a subprocess and SIGKILL it at once; with ``keys``,
+    ordered messages over that many keys (``k0``, ``k1``...)."""
     app = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_APP, db, broker, topic, str(count)],
+        [sys.executable, "-c", _KILLED_APP, db, broker, topic, str(count), str(keys)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert app.stdout is not None

@@ -7,8 +7,6 @@ workers would appear twice in the stream.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -20,7 +18,7 @@ from sqlalchemy.pool import NullPool
 from outbox import migrate, outbox_message
 from outbox.message import build_message
 from relay import store
-from tests.helpers import wait_until
+from tests.helpers import workers_until
 from tests.servers import RedisServer
 
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
@@ -53,25 +51,14 @@ def test_four_workers_drain_20000_rows_each_published_once(pg_url: str) -> None:
     engine.dispose()
     server = RedisServer().start()
     env = {**os.environ, "OUTBOX_DB": pg_url, "OUTBOX_BROKER": server.url}
-    workers = [
-        subprocess.Popen(
-            [OUTBOX, "relay", "--interval", "0.2"], env=env, stderr=subprocess.PIPE, text=True
-        )
-        for _ in range(4)
-    ]
-    logs: list[str] = []
     try:
-        wait_until(lambda: pending(pg_url) == 0, timeout=120, what="the backlog drained")
+        command = [OUTBOX, "relay", "--interval", "0.2"]
+        logs = workers_until(command, env, lambda: pending(pg_url) == 0, "the backlog drained")
     finally:
-        for worker in workers:
-            worker.send_signal(signal.SIGTERM)
-        for worker in workers:
-            logs.append(worker.communicate(timeout=30)[1])
         client = redis.Redis.from_url(server.url)
         entries = client.xrange("backlog.orders")
         client.close()
         server.close()
-    assert all(w.returncode == 0 for w in workers), logs
     copies = Counter(fields[b"msg_id"] for _, fields in entries)
     assert len(copies) == 20_000
     assert max(copies.values()) == 1, "a row was published by two workers"

@@ -141,7 +141,9 @@ def test_known_forms_skip_only_what_already_passed() -> None:
     known = KnownForms()
 
     def row(msg_id: object = None, topic: str = "p.x", headers: object = None) -> store.Claimed:
-        return store.Claimed(1, msg_id or uuid.uuid4(), topic, None, None, headers, 0, b"{}", 2)
+        return store.Claimed(
+            1, msg_id or uuid.uuid4(), topic, None, None, headers, 0, None, b"{}", 2
+        )
 
     good = row(headers={"a": "1"})
     assert isinstance(checked_message(good, None, known), Message)
