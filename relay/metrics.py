@@ -20,8 +20,10 @@ fast path holds, at most ``queue_size``), ``outbox_queue_depth``,
 ``outbox_sweep_batch_size`` and ``outbox_sweep_duration_seconds`` (histograms).
 Backlog, per topic: ``outbox_pending_messages{topic}``, ``outbox_dead_messages{topic}``,
 ``outbox_oldest_pending_age_seconds{topic}`` (since the row was due: created, requeued, or
-its retry time after a failed attempt; 0 while it waits out a backoff), and
-``outbox_backlog_up`` (0 when the last query failed; the three are then left out).
+its retry time after a failed attempt; 0 while it waits out a backoff),
+``outbox_blocked_keys{topic}`` (keys whose head, the lowest unsettled ordered message, is
+dead: their later messages wait for ``outbox requeue`` or ``outbox skip``), and
+``outbox_backlog_up`` (0 when the last query failed; the others are then left out).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 from prometheus_client.core import (
@@ -205,6 +207,15 @@ def sweeper_metrics(counts: RelayCounts) -> list[Metric]:
     ]
 
 
+class BacklogRow(NamedTuple):
+    """One topic's backlog gauges."""
+
+    pending: int
+    oldest_age_s: float
+    dead: int
+    blocked_keys: int
+
+
 class Backlog(Collector):
     """The table's state per topic, for alerts: one query per ``cache_s`` however often
     Prometheus (or several) scrape. A topic once seen stays, at 0, when its rows are gone."""
@@ -215,7 +226,7 @@ class Backlog(Collector):
         self.lock = threading.Lock()
         after_fork_in_child(self, Backlog._new_lock)
         self.read_at: float | None = None
-        self.topics: dict[str, tuple[int, float, int]] = {}  # pending, oldest age, dead
+        self.topics: dict[str, BacklogRow] = {}
         self.up = True
 
     def _new_lock(self) -> None:
@@ -243,10 +254,11 @@ class Backlog(Collector):
         if not self.up:
             log.info("metrics: backlog query works again")
         self.up = True
-        self.topics = dict.fromkeys(self.topics, (0, 0.0, 0))
+        self.topics = dict.fromkeys(self.topics, BacklogRow(0, 0.0, 0, 0))
         for row in rows:
             age = age_s(db_now, row.oldest_pending) if row.oldest_pending is not None else 0.0
-            self.topics[row.topic] = (int(row.pending), age, int(row.dead))
+            counts = (int(row.pending), age, int(row.dead), int(row.blocked_keys))
+            self.topics[row.topic] = BacklogRow(*counts)
 
 
 def age_s(now: datetime, then: datetime) -> float:
@@ -254,7 +266,7 @@ def age_s(now: datetime, then: datetime) -> float:
     return max(0.0, (now - then).total_seconds())
 
 
-def backlog_metrics(topics: dict[str, tuple[int, float, int]], up: bool) -> list[Metric]:
+def backlog_metrics(topics: dict[str, BacklogRow], up: bool) -> list[Metric]:
     families: list[Metric] = [
         GaugeMetricFamily(
             "outbox_backlog_up", "1 when the last backlog query succeeded", value=int(up)
@@ -271,11 +283,17 @@ def backlog_metrics(topics: dict[str, tuple[int, float, int]], up: bool) -> list
         labels=["topic"],
     )
     dead = GaugeMetricFamily("outbox_dead_messages", "Rows given up on", labels=["topic"])
-    for topic, (count, age, dead_count) in sorted(topics.items()):
-        pending.add_metric([topic], count)
-        oldest.add_metric([topic], age)
-        dead.add_metric([topic], dead_count)
-    return [*families, pending, oldest, dead]
+    blocked = GaugeMetricFamily(
+        "outbox_blocked_keys",
+        "Keys whose next ordered message is dead: the key waits for requeue or skip",
+        labels=["topic"],
+    )
+    for topic, row in sorted(topics.items()):
+        pending.add_metric([topic], row.pending)
+        oldest.add_metric([topic], row.oldest_age_s)
+        dead.add_metric([topic], row.dead)
+        blocked.add_metric([topic], row.blocked_keys)
+    return [*families, pending, oldest, dead, blocked]
 
 
 def histogram(name: str, documentation: str, source: Histogram) -> HistogramMetricFamily:

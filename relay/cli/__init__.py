@@ -2,7 +2,7 @@
 
 - relay.cli.schema: migrate, status, requeue;
 - relay.cli.run: relay, drain;
-- relay.cli.messages: dead, show;
+- relay.cli.messages: dead, show, skip;
 - relay.cli.data: export, reconcile;
 - relay.cli.modelb: coordinator, compare.
 

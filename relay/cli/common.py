@@ -18,7 +18,7 @@ from relay.cli.settings_flags import add_settings_flags
 EXIT_OK = 0  # it did what was asked
 EXIT_FAILED = 1  # a runtime error: database or broker unreachable, a schema problem, ...
 EXIT_USAGE = 2  # argparse's own code: a bad flag or value, an unknown msg_id
-EXIT_DATA = 3  # it ran, and the data is wrong: dead, lost or phantom messages found
+EXIT_DATA = 3  # it ran, and the data is wrong: dead, lost, phantom or out-of-order messages
 EXIT_DEAD = EXIT_DATA  # dead messages: one case of EXIT_DATA
 EXIT_PIPE = 141  # 128 + SIGPIPE: stdout closed by its reader (`| head`), as cat and git do
 EXIT_STATUSES = (
@@ -27,7 +27,7 @@ EXIT_STATUSES = (
      "drain left messages failing (run it again later)"),
     ("2", "usage error: a bad or missing flag or value, a msg_id that does not exist"),
     ("3", "the data is wrong: dead messages (status, dead listed some; drain made some "
-     "dead), lost or phantom messages (reconcile, compare)"),
+     "dead), lost, phantom or out-of-order messages (reconcile, compare)"),
     ("130, 143", "stopped by SIGINT (Ctrl-C) or SIGTERM (drain; relay on a second signal)"),
     ("141", "stdout closed by its reader (`outbox migrate --sql` piped to `head`): quietly"),
 )  # fmt: skip

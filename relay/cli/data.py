@@ -54,9 +54,10 @@ def add_export(commands: Commands) -> None:
 def add_reconcile(commands: Commands) -> None:
     rec = commands.add_parser(
         "reconcile",
-        help="reconcile ledger and broker log on Spark: lost, duplicated, phantom, latency",
+        help="reconcile ledger and broker log on Spark: lost, duplicated, phantom, out of "
+        "order, latency",
         description="Run spark_jobs/reconcile_job.py locally (local[*]); the same file runs under "
-        "spark-submit. Exit status 3 when lost or phantom messages were found.",
+        "spark-submit. Exit status 3 when lost, phantom or out-of-order messages were found.",
     )
     reconcile_job.add_arguments(rec)
 

@@ -1,4 +1,5 @@
-"""`outbox dead` and `outbox show`: which messages failed, why, and one message in full.
+"""`outbox dead`, `outbox show`, `outbox skip`: which messages failed, why, one message in
+full, and giving messages up.
 
 `outbox dead` rather than `outbox messages --status ...`: it is the question an operator
 asks after `outbox status` reports dead rows (exit 3) or a drain reports failures, and
@@ -11,16 +12,18 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 from outbox import migrate
-from outbox.table import DEAD
+from outbox.table import DEAD, PENDING
 from relay import store
 from relay.cli.common import (
     EXIT_DATA,
     EXIT_OK,
+    EXIT_USAGE,
     Commands,
     UsageError,
     add_db_flag,
@@ -92,6 +95,26 @@ def add_show(commands: Commands) -> None:
     show.add_argument("--json", action="store_true", help="one JSON document")
 
 
+def add_skip(commands: Commands) -> None:
+    skip = commands.add_parser(
+        "skip",
+        help="give messages up: dead or pending ones become skipped, releasing their keys",
+        description="Mark messages skipped: an operator gave them up; they are not published "
+        "(again) and not expected at the broker. A dead ordered message blocks its key "
+        "(`outbox status` lists blocked keys): skipping it lets the key's next message go. "
+        "A sent message is never skipped. A skip waits for a relay holding the row.",
+        epilog="Prints what it did per msg_id: skipped, already sent (left alone), already "
+        "skipped, unknown. Exit status 2 when a msg_id is unknown (the others are still "
+        "skipped), 0 otherwise. A pending message may be on its way to the broker as you skip "
+        "it; `outbox requeue --id MSG_ID` puts a skipped message back.",
+    )
+    add_db_flag(skip)
+    skip.add_argument(
+        "msg_ids", nargs="+", type=msg_id, metavar="MSG_ID", help="the messages to give up"
+    )
+    skip.add_argument("--json", action="store_true", help="one JSON document")
+
+
 def cmd_dead(args: argparse.Namespace) -> int:
     engine = database(args, reads=True)
     try:
@@ -123,6 +146,9 @@ def failure_json(row: store.Failure, now: datetime) -> dict[str, Any]:
         "msg_id": str(row.msg_id),
         "status": row.status if row.status == DEAD else store.FAILING,
         "topic": row.topic,
+        "key": row.key,
+        "seq": row.seq,
+        "blocks_behind": row.blocks_behind,
         "attempts": row.attempts,
         "created_at": row.created_at.isoformat(),
         "age_s": round((now - row.created_at).total_seconds(), 3),
@@ -135,15 +161,17 @@ def print_failures(rows: Sequence[store.Failure], now: datetime, more: str | Non
     if not rows:
         print("no dead or failing messages")
         return
-    header = ["msg_id", "status", "topic", "attempts", "age", "last_error"]
+    header = ["msg_id", "status", "topic", "key", "seq", "attempts", "age", "last_error"]
     table = [
         [
             str(r.msg_id),
             r.status if r.status == DEAD else store.FAILING,
             safe(r.topic),
+            "-" if r.key is None else safe(r.key),
+            "-" if r.seq is None else str(r.seq),
             str(r.attempts),
             duration((now - r.created_at).total_seconds()),
-            one_line(r.last_error or "", ERROR_CHARS),
+            blocks(r) + one_line(r.last_error or "", ERROR_CHARS),
         ]
         for r in rows
     ]
@@ -152,6 +180,13 @@ def print_failures(rows: Sequence[store.Failure], now: datetime, more: str | Non
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
     if more:
         print(f"more: --before {more}")
+
+
+def blocks(row: store.Failure) -> str:
+    """A dead ordered head holds its key: said before its error."""
+    if row.blocks_behind is None:
+        return ""
+    return f"[blocks key {safe(row.key or '')} ({row.blocks_behind} behind)] "
 
 
 def duration(seconds: float) -> str:
@@ -221,7 +256,7 @@ def message_json(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_message(row: dict[str, Any]) -> None:
-    fields = ("msg_id", "status", "topic", "key", "tags", "attempts", "created_at",
+    fields = ("msg_id", "status", "topic", "key", "seq", "tags", "attempts", "created_at",
               "next_attempt_at", "sent_at", "receipt", "last_error")  # fmt: skip
     for name in fields:
         value = row[name]
@@ -248,8 +283,64 @@ def payload_text(payload: bytes, cut: bool) -> str:
     return "\n".join(safe(line) for line in text.split("\n"))
 
 
-PARSERS = (add_dead, add_show)
+def cmd_skip(args: argparse.Namespace) -> int:
+    ids = list(dict.fromkeys(args.msg_ids))  # each once, in the order given
+    engine = database(args, reads=True)
+    try:
+        migrate.require_schema(engine)
+        with engine.begin() as conn:  # one transaction: the keys are released together
+            outcomes = store.skip(conn, ids)
+    finally:
+        engine.dispose()
+    if args.json:
+        print(json.dumps({"messages": [skip_json(o) for o in outcomes]}))
+    else:
+        for outcome in outcomes:
+            print(skip_line(outcome))
+    for outcome in outcomes:
+        if (warning := released(outcome)) is not None:
+            print(f"warning: {warning}", file=sys.stderr)
+    return EXIT_USAGE if any(o.outcome == "unknown" for o in outcomes) else EXIT_OK
+
+
+SKIP_SAYS = {
+    "already_sent": "left alone: it reached the broker; a sent message is never skipped",
+    "already_skipped": "nothing to do",
+    "unknown": "no such message: a typo, or purged by retention",
+}
+
+
+def skip_line(outcome: store.SkipOutcome) -> str:
+    said = outcome.outcome.replace("_", " ")
+    if outcome.outcome != "skipped":
+        return f"{outcome.msg_id}  {said} ({SKIP_SAYS[outcome.outcome]})"
+    where = f"topic {safe(outcome.topic or '')}"
+    if outcome.seq is not None:
+        where += f", key {safe(outcome.key or '')}, seq {outcome.seq}"
+    note = ": a relay may be publishing it right now" if outcome.was == PENDING else ""
+    return f"{outcome.msg_id}  skipped (was {outcome.was}{note}; {where})"
+
+
+def released(outcome: store.SkipOutcome) -> str | None:
+    """The warning for a skipped ordered message: its key goes on without it."""
+    if outcome.outcome != "skipped" or outcome.seq is None:
+        return None
+    key = f"key {safe(outcome.key or '')} of topic {safe(outcome.topic or '')}"
+    if outcome.held_by_earlier:
+        return f"{key}: seq {outcome.seq} skipped; an earlier message still holds the key"
+    return f"{key} released: its next message goes now (seq {outcome.seq} will not be delivered)"
+
+
+def skip_json(outcome: store.SkipOutcome) -> dict[str, Any]:
+    shown = outcome._asdict()
+    held = shown.pop("held_by_earlier")
+    ordered = outcome.outcome == "skipped" and outcome.seq is not None
+    return {**shown, "key_released": (not held) if ordered else None}
+
+
+PARSERS = (add_dead, add_show, add_skip)
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "dead": cmd_dead,
     "show": cmd_show,
+    "skip": cmd_skip,
 }

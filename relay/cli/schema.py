@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -21,8 +22,13 @@ from relay.cli.common import (
     add_db_flag,
     database,
     msg_id,
+    positive_int,
 )
+from relay.cli.messages import duration, safe
 from relay.cli.progress import counting
+
+BLOCKED_LISTED = 20  # blocked keys `outbox status` lists; the rest are counted
+COUNTS = ("pending", "dead", "skipped", "blocked_keys", "sent_1m", "sent_1h")
 
 
 def add_migrate(commands: Commands) -> None:
@@ -39,11 +45,20 @@ def add_migrate(commands: Commands) -> None:
 def add_status(commands: Commands) -> None:
     st = commands.add_parser(
         "status",
-        help="pending, oldest pending age, dead and recently sent, per topic",
-        description="Show the outbox's state per topic. Exit status 3 when dead messages exist.",
+        help="pending, oldest pending age, dead and recently sent, per topic; blocked keys",
+        description="Show the outbox's state per topic, and the keys blocked by a dead "
+        "ordered message (its key's later messages wait for `outbox requeue` or `outbox "
+        "skip`), oldest first. Exit status 3 when dead messages exist.",
     )
     add_db_flag(st)
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument(
+        "--blocked-limit",
+        type=positive_int,
+        default=BLOCKED_LISTED,
+        metavar="N",
+        help=f"blocked keys to list at most (default {BLOCKED_LISTED}; the rest are counted)",
+    )
 
 
 def add_requeue(commands: Commands) -> None:
@@ -60,6 +75,7 @@ def add_requeue(commands: Commands) -> None:
         "--id",
         dest="ids",
         nargs="+",
+        action="extend",  # --id A --id B takes both (the last one alone before)
         type=msg_id,
         default=[],
         metavar="MSG_ID",
@@ -98,21 +114,37 @@ def cmd_status(args: argparse.Namespace) -> int:
         with engine.connect() as conn:
             now = store.db_clock(conn)
             topics = store.status_by_topic(conn, now)
+            blocked = store.dead_heads(conn, args.blocked_limit)
     finally:
         engine.dispose()
     for row in topics:
+        row.update({k: int(row[k]) for k in COUNTS})  # MariaDB's SUM is a DECIMAL
         oldest = row.pop("oldest_pending")
         row["oldest_pending_age_s"] = round(age_seconds(now, oldest), 3) if oldest else None
-    totals: dict[str, Any] = {
-        k: sum(int(r[k]) for r in topics) for k in ("pending", "dead", "sent_1m", "sent_1h")
-    }
+    totals: dict[str, Any] = {k: sum(r[k] for r in topics) for k in COUNTS}
     ages = [r["oldest_pending_age_s"] for r in topics if r["oldest_pending_age_s"] is not None]
     totals["oldest_pending_age_s"] = max(ages) if ages else None
+    keys = [blocked_json(key, now) for key in blocked]
+    more = max(0, totals["blocked_keys"] - len(keys))  # a key blocked since the list: 0
     if args.json:
-        print(json.dumps({"now": now.isoformat(), "total": totals, "topics": topics}, default=str))
+        report = {"now": now.isoformat(), "total": totals, "topics": topics,
+                  "blocked_keys": keys, "blocked_keys_more": more}  # fmt: skip
+        print(json.dumps(report, default=str))
     else:
         print_status(topics, totals)
+        print_blocked(keys, more)
     return EXIT_DEAD if totals["dead"] else EXIT_OK
+
+
+def blocked_json(key: store.BlockedKey, now: datetime) -> dict[str, Any]:
+    return {
+        "topic": key.topic,
+        "key": key.key,
+        "head_msg_id": str(key.msg_id),
+        "seq": key.seq,
+        "behind": key.behind,
+        "head_age_s": round(age_seconds(now, key.created_at), 3),
+    }
 
 
 def age_seconds(now: datetime, then: datetime) -> float:
@@ -123,13 +155,37 @@ def age_seconds(now: datetime, then: datetime) -> float:
 
 
 def print_status(topics: list[dict[str, Any]], totals: dict[str, Any]) -> None:
-    header = ("topic", "pending", "oldest_pending_age_s", "dead", "sent_1m", "sent_1h")
+    header = ("topic", "pending", "oldest_pending_age_s", "dead", "skipped", "blocked_keys",
+              "sent_1m", "sent_1h")  # fmt: skip
     rows = [[str(r.get(h, "")) if r.get(h) is not None else "-" for h in header] for r in topics]
     rows.append(["TOTAL", *[str(totals[h]) if totals[h] is not None else "-" for h in header[1:]]])
+    print_table(header, rows)
+
+
+def print_blocked(keys: list[dict[str, Any]], more: int) -> None:
+    """The blocked keys, oldest head first: what `outbox requeue` or `outbox skip` frees."""
+    if not keys:
+        return
+    print()
+    print("blocked keys (head dead; `outbox requeue --id MSG_ID` retries it, `outbox skip "
+          "MSG_ID` gives it up):")  # fmt: skip
+    header = ("topic", "key", "head_msg_id", "seq", "behind", "age")
+    print_table(header, [blocked_row(k) for k in keys])
+    if more:
+        print(f"... and {more} more (--blocked-limit)")
+
+
+def blocked_row(key: dict[str, Any]) -> list[str]:
+    age = duration(key["head_age_s"])
+    return [safe(key["topic"]), safe(key["key"]), key["head_msg_id"], str(key["seq"]),
+            str(key["behind"]), age]  # fmt: skip
+
+
+def print_table(header: Sequence[str], rows: list[list[str]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
     for row in rows:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
 def cmd_requeue(args: argparse.Namespace) -> int:
@@ -140,6 +196,7 @@ def cmd_requeue(args: argparse.Namespace) -> int:
         migrate.require_schema(engine)
         with engine.connect() as conn:
             refuse_unknown_ids(conn, args.ids)  # before any change
+            warn_overtaken(conn, args.ids)
             total = store.requeue_count(conn, args.dead, args.topic, args.ids)
         count = requeue_in_batches(engine, args, total)
     finally:
@@ -163,6 +220,18 @@ def requeue_in_batches(engine: Engine, args: argparse.Namespace, total: int) -> 
                 return count
             count, after = count + done, last
             shown.add(done)
+
+
+def warn_overtaken(conn: Connection, ids: list[str]) -> None:
+    """An ordered message named by --id whose key went on without it (it was skipped, or
+    sent and is republished) arrives after the key's later messages: say so, on stderr."""
+    for row in store.overtaken(conn, ids) if ids else []:
+        print(
+            f"warning: {row.msg_id} is seq {row.seq} of key {row.key!r} of topic {row.topic}, "
+            f"which delivered seq {row.delivered_seq} already: requeued, it arrives out of "
+            "order (and `outbox reconcile` counts it so)",
+            file=sys.stderr,
+        )
 
 
 def refuse_unknown_ids(conn: Connection, ids: list[str]) -> None:

@@ -93,8 +93,9 @@ def test_dead_lists_dead_and_failing_newest_first_a_page_at_a_time(any_db: str) 
     listed = report["messages"]
     assert [m["msg_id"] for m in listed] == [*reversed(failing), *reversed(dead)]
     assert report["next_before"] is None
-    assert set(listed[0]) == {"msg_id", "status", "topic", "attempts", "created_at", "age_s",
-                              "next_attempt_at", "last_error"}  # fmt: skip
+    assert set(listed[0]) == {"msg_id", "status", "topic", "key", "seq", "blocks_behind",
+                              "attempts", "created_at", "age_s", "next_attempt_at",
+                              "last_error"}  # fmt: skip
     assert (listed[0]["status"], listed[0]["attempts"], listed[0]["topic"]) == (
         "failing",
         2,
@@ -128,7 +129,8 @@ def test_dead_prints_a_table_with_one_line_errors(any_db: str) -> None:
     done = cli("dead", "--db", any_db, "--limit", "4")
     assert done.returncode == 3, done.stderr
     header, *rows, more = done.stdout.splitlines()
-    assert header.split() == ["msg_id", "status", "topic", "attempts", "age", "last_error"]
+    assert header.split() == ["msg_id", "status", "topic", "key", "seq", "attempts", "age",
+                              "last_error"]  # fmt: skip
     assert rows[0].startswith(failing[-1]) and "retry: nacked \\x1b[31mred" in rows[0]
     assert "\x1b" not in done.stdout, "a control character reached the terminal"
     assert rows[-1].startswith(dead[1]) and rows[-1].endswith("permanent: too large second line")

@@ -32,7 +32,7 @@ def test_promtool_accepts_the_rules() -> None:
     done = subprocess.run([promtool, "check", "rules", str(RULES)],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 5 rules found" in done.stdout
+    assert "SUCCESS: 6 rules found" in done.stdout
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def rules() -> list[dict[str, object]]:
 def test_every_rule_is_complete() -> None:
     names = [rule["alert"] for rule in rules()]
     assert names == ["OutboxRelayDown", "OutboxBacklogQueryFailing", "OutboxOldestPendingTooOld",
-                     "OutboxBacklogGrowing", "OutboxDeadMessages"]  # fmt: skip
+                     "OutboxBacklogGrowing", "OutboxDeadMessages", "OutboxBlockedKeys"]  # fmt: skip
     for rule in rules():
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
         assert isinstance(rule["expr"], str) and rule["expr"].strip()
@@ -83,4 +83,5 @@ def test_every_metric_named_is_served(exported: set[str]) -> None:
         unknown = words - PROMQL - exported
         assert not unknown, f"{rule['alert']}: {unknown} not served by the relay"
     assert {"outbox_pending_messages", "outbox_oldest_pending_age_seconds",
-            "outbox_dead_messages", "outbox_backlog_up"} <= exported  # fmt: skip
+            "outbox_dead_messages", "outbox_blocked_keys",
+            "outbox_backlog_up"} <= exported  # fmt: skip
