@@ -23,6 +23,7 @@ from sqlalchemy import Engine, Select, func, select
 
 from outbox.broker import LogEntry, LogReader
 from outbox.engines import engine_from
+from outbox.message import KEY_HEADER, SEQ_HEADER
 from outbox.table import outbox_message as t
 from outbox.table import transaction_record
 from relay.brokers.base import utc
@@ -38,6 +39,7 @@ from relay.halfop.protocol import (
 from spark_jobs.schema import BROKER, HALFOP_LOG, LEDGER, RECORDS
 
 CHUNK = 50_000
+INT64_MAX = 2**63 - 1  # the widest Outbox-Seq a Parquet int64 holds (BIGINT's own bound)
 LogRow = dict[str, object]  # a Parquet row: the columns of its schema
 Added = Callable[[int], None]  # told each chunk's row count once it is written (progress)
 
@@ -139,9 +141,20 @@ def cell(value: object) -> object:
 
 
 def log_row(entry: LogEntry) -> LogRow:
-    """A row of the broker log export: where and when the broker stored which msg_id."""
+    """A row of the broker log export: where and when the broker stored which msg_id,
+    and the key and ``Outbox-Seq`` of an ordered message (the job checks its order)."""
+    headers = entry.headers
     return {"msg_id": entry.msg_id, "topic": entry.topic, "seq": entry.seq,
-            "broker_ts": entry.broker_ts}  # fmt: skip
+            "broker_ts": entry.broker_ts, "key": headers.get(KEY_HEADER),
+            "outbox_seq": number(headers.get(SEQ_HEADER))}  # fmt: skip
+
+
+def number(text: str | None) -> int | None:
+    """A header's whole number; None when absent or not one (a stranger's header)."""
+    if text is None or not (text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value <= INT64_MAX else None
 
 
 def export_broker(

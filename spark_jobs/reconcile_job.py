@@ -3,16 +3,20 @@
 For a window [start, end) and an SLA (default 60 s), per topic and in total:
 committed (ledger rows created in the window), delivered, pending (not at the broker
 yet but younger than the SLA at the window's end: not lost), lost, dead (given up
-by the sweeper), duplicated (extra copies of a msg_id at the broker), phantom (at the
-broker in the window, with no ledger row at all), malformed (ledger rows without a
-usable msg_id), and commit->broker latency p50/p90/p99/max.
+by the sweeper), skipped (given up by an operator, `outbox skip`: not expected at the
+broker), duplicated (extra copies of a msg_id at the broker), phantom (at the broker in
+the window, with no ledger row at all), out_of_order (an ordered message whose first
+delivery came after a later message of its key, by ``Outbox-Seq``; see
+spark_jobs.ordering), malformed (ledger rows without a usable msg_id), and
+commit->broker latency p50/p90/p99/max.
 
 Runs locally (``outbox reconcile``) and unchanged under ``spark-submit
 spark_jobs/reconcile_job.py ...`` (ship the spark_jobs folder alone with ``--py-files``: it
 imports neither outbox nor relay); tables are never collected whole into the driver,
-only the aggregates. Exit status 3 when lost or phantom > 0, for schedulers; 1 when
-the job failed (a missing input or column is found before Spark starts); 2 bad usage
-(argparse's own), as every `outbox` command.
+only the aggregates (and report.html's first 20 out-of-order deliveries). Exit status
+3 when lost, phantom or out_of_order > 0, for schedulers; 1 when the job failed (a
+missing input or column is found before Spark starts); 2 bad usage (argparse's own),
+as every `outbox` command.
 """
 
 from __future__ import annotations
@@ -43,14 +47,15 @@ def check_inputs(ledger: str, broker_log: str, halfop_log: str | None, out: str)
 
     Remote paths (hdfs://, s3a://) and a JDBC ledger are left to Spark to judge.
     """
-    from spark_jobs.schema import BROKER, HALFOP_LOG, LEDGER, RECORDS
+    from spark_jobs.schema import BROKER, BROKER_OPTIONAL, HALFOP_LOG, LEDGER, RECORDS
 
     if not is_remote(ledger):  # also skips a postgresql:// ledger
-        require_columns("--ledger", ledger, LEDGER if halfop_log is None else RECORDS)
+        require_columns("--ledger", ledger, (LEDGER if halfop_log is None else RECORDS).names)
     if not is_remote(broker_log):
-        require_columns("--broker-log", broker_log, BROKER)
+        needed = [name for name in BROKER.names if name not in BROKER_OPTIONAL]
+        require_columns("--broker-log", broker_log, needed)
     if halfop_log is not None and not is_remote(halfop_log):
-        require_columns("--halfop-log", halfop_log, HALFOP_LOG)
+        require_columns("--halfop-log", halfop_log, HALFOP_LOG.names)
     if not is_remote(out) and Path(out).is_file():
         raise JobError(f"--out {out}: a file, not a folder")
 
@@ -59,9 +64,9 @@ def is_remote(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
-def require_columns(flag: str, path: str, expected: pa.Schema) -> None:
+def require_columns(flag: str, path: str, expected: Sequence[str]) -> None:
     have = set(parquet_schema(flag, path).names)
-    missing = [name for name in expected.names if name not in have]
+    missing = [name for name in expected if name not in have]
     if missing:
         raise JobError(f"{flag} {path}: missing column(s) {', '.join(missing)}")
 
@@ -120,9 +125,11 @@ def run(args: argparse.Namespace, prog: str = "reconcile") -> int:
         inputs = [args.ledger, args.broker_log, args.halfop_log]
         print(without_passwords(f"{prog}: {exc}", inputs), file=sys.stderr)
         return EXIT_FAILED
+    from spark_jobs.report import alarming
+
     total = summary["total"]
     print(json.dumps(total, default=str))
-    return EXIT_DISCREPANCY if total.get("lost") or total.get("phantom") else 0
+    return EXIT_DISCREPANCY if alarming(total) else 0
 
 
 def window_error(args: argparse.Namespace) -> str | None:

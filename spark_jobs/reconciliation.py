@@ -15,27 +15,39 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from spark_jobs import ordering
 from spark_jobs.window import Window
 
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 60000)
+KINDS = ("delivered", "pending", "lost", "dead", "skipped", "phantom", "malformed")
+LISTED = 20  # out-of-order deliveries report.html shows; discrepancies/ has them all
 
 
 def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
     """One row per msg_id in question, with its kind and details (the discrepancies and more).
 
     One full outer join of the ledger with the broker's copies per msg_id gives both
-    the committed side (delivered, pending, lost, dead) and the phantoms.
+    the committed side (delivered, pending, lost, dead, skipped) and the phantoms. Each
+    msg_id's first copy, in its key's lane, says whether it came out of order
+    (``after_seq``, spark_jobs.ordering): judged over the whole log, so a key's earlier
+    deliveries count even when they are older than the window.
     """
     valid = ledger.where(F.col("msg_id").isNotNull() & (F.length("msg_id") > 0))
     in_broker_window = (F.col("broker_ts") >= F.lit(window.start)) & (
         F.col("broker_ts") < F.lit(window.end)
     )
-    copies = broker.groupBy("msg_id").agg(  # entries without a msg_id group together: a phantom
-        F.count(F.lit(1)).alias("copies"),
-        F.sum(F.when(in_broker_window, 1).otherwise(0)).alias("copies_in_window"),
-        F.min("broker_ts").alias("first_ts"),
-        F.first("topic").alias("broker_topic"),
+    copies = (
+        ordering.with_order_columns(broker)
+        .groupBy("msg_id")
+        .agg(
+            F.count(F.lit(1)).alias("copies"),  # entries without a msg_id group together: a phantom
+            F.sum(F.when(in_broker_window, 1).otherwise(0)).alias("copies_in_window"),
+            F.min("broker_ts").alias("first_ts"),
+            F.first("topic").alias("broker_topic"),
+            ordering.first_delivery(),
+        )
     )
+    copies = ordering.with_after_seq(copies, "broker_topic")
     in_ledger = F.col("created_at").isNotNull()
     in_window = (F.col("created_at") >= F.lit(window.start)) & (
         F.col("created_at") < F.lit(window.end)
@@ -45,6 +57,7 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
         F.when(~in_ledger, F.lit("phantom"))
         .when(F.col("copies").isNotNull(), F.lit("delivered"))
         .when(F.col("status") == "dead", F.lit("dead"))
+        .when(F.col("status") == "skipped", F.lit("skipped"))  # given up: not expected
         .when(F.col("created_at") >= F.lit(window.pending_after), F.lit("pending"))
         .otherwise(F.lit("lost"))
     )
@@ -61,6 +74,9 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
             .alias("copies"),
             latency_ms(F.col("first_ts"), F.col("created_at")).alias("latency_ms"),
             F.when(in_ledger, F.col("status")).otherwise(F.lit("no ledger row")).alias("details"),
+            F.col("first.key").alias("key"),
+            F.col("first.seq").alias("seq"),
+            "after_seq",
         )
     )
     malformed = ledger.where(F.col("msg_id").isNull() | (F.length("msg_id") == 0)).select(
@@ -80,6 +96,9 @@ def labelled(frame: DataFrame, kind: str, details: Column) -> DataFrame:
         "copies",
         F.lit(None).cast("double").alias("latency_ms"),
         details.alias("details"),
+        F.lit(None).cast("string").alias("key"),
+        F.lit(None).cast("bigint").alias("seq"),
+        F.lit(None).cast("bigint").alias("after_seq"),
     )
 
 
@@ -88,12 +107,16 @@ def latency_ms(broker_ts: Column, created_at: Column) -> Column:
 
 
 def summarise(classified: DataFrame) -> dict[str, Any]:
-    """Counts per topic and in total, and latency percentiles of delivered messages."""
-    kinds = ("delivered", "pending", "lost", "dead", "phantom", "malformed")
-    aggs = [F.sum(F.when(F.col("kind") == k, 1).otherwise(0)).alias(k) for k in kinds]
+    """Counts per topic and in total, and latency percentiles of delivered messages.
+
+    ``out_of_order`` counts the messages whose first delivery came after a later one of
+    their key; they are counted among delivered (or phantom) too.
+    """
+    aggs = [F.sum(F.when(F.col("kind") == k, 1).otherwise(0)).alias(k) for k in KINDS]
     aggs += [
         F.sum(F.when(F.col("kind") != "phantom", 1).otherwise(0)).alias("committed"),
         F.sum(F.when(F.col("copies") > 1, F.col("copies") - 1).otherwise(0)).alias("duplicated"),
+        F.sum(F.when(F.col("after_seq").isNotNull(), 1).otherwise(0)).alias("out_of_order"),
         F.percentile_approx(
             F.when(F.col("kind") == "delivered", F.col("latency_ms")), [0.5, 0.9, 0.99]
         ).alias("lat"),
@@ -181,18 +204,35 @@ def reconcile(
     }
     step("writing discrepancies/, summary.json and report.html")
     write_discrepancies(classified, out / "discrepancies")
+    listed = first_out_of_order(classified) if summary["total"].get("out_of_order") else []
     classified.unpersist()
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    write_report(out / "report.html", summary)
+    write_report(out / "report.html", summary, out_of_order=listed)
     return summary
 
 
 def write_discrepancies(classified: DataFrame, path: Path) -> None:
-    """msg_id, kind, topic, copies, details of every row that is not a clean delivery."""
-    wrong = classified.where(
-        F.col("kind").isin("lost", "phantom", "dead", "malformed") | (F.col("copies") > 1)
+    """One row per finding (msg_id, kind, topic, copies, details, key, seq, after_seq)
+    for every message that is not a clean delivery: lost, phantom, dead, skipped,
+    malformed or duplicated, and out of order besides (then a row more)."""
+    kind = F.when(
+        F.col("kind").isin("lost", "phantom", "dead", "skipped", "malformed"), F.col("kind")
+    ).when(F.col("copies") > 1, F.lit("duplicated"))
+    late = F.when(F.col("after_seq").isNotNull(), F.lit("out_of_order"))
+    found = classified.withColumn(
+        "kind", F.explode(F.filter(F.array(kind, late), lambda k: k.isNotNull()))
     )
-    kind = F.when(F.col("kind") == "delivered", F.lit("duplicated")).otherwise(F.col("kind"))
-    wrong.withColumn("kind", kind).select(
-        "msg_id", "kind", "topic", "copies", "details"
+    came_after = F.format_string("seq %d after %d", F.col("seq"), F.col("after_seq"))
+    details = F.when(F.col("kind") == "out_of_order", came_after).otherwise(F.col("details"))
+    found.select(
+        "msg_id", "kind", "topic", "copies", details.alias("details"), "key", "seq", "after_seq"
     ).write.mode("overwrite").parquet(str(path))
+
+
+def first_out_of_order(classified: DataFrame) -> list[dict[str, Any]]:
+    """The first ``LISTED`` out-of-order deliveries by topic, key and seq, for the report
+    (a top-N per partition: the table itself stays on the executors)."""
+    late = classified.where(F.col("after_seq").isNotNull())
+    columns = ("topic", "key", "msg_id", "seq", "after_seq")
+    rows = late.select(*columns).orderBy("topic", "key", "seq").limit(LISTED).collect()
+    return [row.asDict() for row in rows]

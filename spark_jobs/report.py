@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = (
-    "committed", "delivered", "pending", "lost", "dead", "duplicated", "phantom", "malformed",
+    "committed", "delivered", "pending", "lost", "dead", "skipped", "duplicated", "phantom",
+    "out_of_order", "malformed",
     "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "latency_max_ms",
 )  # fmt: skip
 MODEL_B_COLUMNS = ("halfs", "half_writes", "ops", "checks", "unresolved", "discarded")
@@ -15,7 +16,19 @@ LABEL = 'font-size="10" text-anchor="middle"'
 BAR = 'fill="#3b6ea8"'
 SVG_NS = "http://www.w3.org/2000/svg"
 TOP_PAD = 16
-KINDS = ("delivered", "pending", "lost", "dead", "duplicated", "phantom", "malformed")
+KINDS = (
+    "delivered", "pending", "lost", "dead", "skipped", "duplicated", "phantom", "out_of_order",
+    "malformed",
+)  # fmt: skip
+# What makes a run fail (exit status 3, verdict DISCREPANCIES): data lost, invented or
+# reordered. Dead and skipped messages are the relay's and the operator's to report.
+ALARMS = ("lost", "phantom", "out_of_order")
+LATE_COLUMNS = ("topic", "key", "msg_id", "seq", "after_seq")
+
+
+def alarming(total: dict[str, Any]) -> bool:
+    """Whether a summary's totals hold lost, phantom or out-of-order messages."""
+    return any(total.get(name) for name in ALARMS)
 
 
 def bar_chart(
@@ -62,16 +75,35 @@ def fmt(value: Any) -> str:
     return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
+def late_table(late: list[dict[str, Any]], count: int) -> str:
+    """The first out-of-order deliveries: which key, which message, after which seq."""
+    if not late:
+        return ""
+    head = "".join(f"<th>{c}</th>" for c in LATE_COLUMNS)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(fmt(row.get(c)))}</td>" for c in LATE_COLUMNS) + "</tr>"
+        for row in late
+    )
+    shown = f"the first {len(late)} of {count}" if count > len(late) else f"all {count}"
+    return (
+        f"<h2>Out of order ({shown}; every one in discrepancies/)</h2>"
+        f'<table id="out-of-order"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    )
+
+
 def write_report(
     path: Path,
     summary: dict[str, Any],
     title: str = "Outbox reconciliation",
+    out_of_order: list[dict[str, Any]] | None = None,
 ) -> None:
+    """``out_of_order``: the first few out-of-order deliveries (columns LATE_COLUMNS)."""
     if summary.get("model") == "b":
         title += " (model B: half/op)"
     histogram = summary.get("latency_histogram", [])
     total = summary["total"]
-    verdict = "OK" if not total.get("lost") and not total.get("phantom") else "DISCREPANCIES"
+    verdict = "DISCREPANCIES" if alarming(total) else "OK"
+    late = late_table(out_of_order or [], int(total.get("out_of_order") or 0))
     window = summary.get("window", {})
     counts = [(k, float(total.get(k) or 0)) for k in KINDS]
     page = f"""<!doctype html>
@@ -84,6 +116,7 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child{{t
 SLA {window.get("sla_s")} s.
 <span class="verdict" id="verdict">{verdict}</span></p>
 {table(summary)}
+{late}
 <h2>Messages per kind</h2>
 <div id="kinds">{bar_chart("messages per kind", counts)}</div>
 <h2>Commit to broker latency (ms), delivered messages</h2>

@@ -25,10 +25,14 @@ BROKER = pa.schema(
     [
         ("msg_id", pa.string()),
         ("topic", pa.string()),
-        ("seq", pa.string()),  # stream sequence or entry id
+        ("seq", pa.string()),  # its place in the log: stream sequence, entry id, offset
         ("broker_ts", TS),
+        ("key", pa.string()),  # Outbox-Key
+        ("outbox_seq", pa.int64()),  # Outbox-Seq: an ordered message's place in its key
     ]
 )
+# Columns an export made before ordered delivery lacks: the job reads them as null.
+BROKER_OPTIONAL = ("key", "outbox_seq")
 
 # Model B's business truth: SqlTransactionListener's table (outbox_transaction_record).
 RECORDS = pa.schema(

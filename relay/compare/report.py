@@ -4,7 +4,7 @@ Runs ``relay.compare.run``'s workload on both models against the same PostgreSQL
 scratch schema, dropped afterwards) and the same broker (the wheel's nats-server
 unless ``--broker`` names one), exports each model's inputs, reconciles both with the
 Spark job and writes ``compare.json`` and ``compare.html`` side by side. Exit status 3
-when either model lost a message or produced a phantom.
+when either model lost a message, produced a phantom or delivered a key out of order.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from relay.compare.run import RunResult, run_models
 from relay.compare.workload import Workload
 from relay.testing import NatsServer, scratch_schema
 from spark_jobs.reconcile_job import EXIT_DISCREPANCY, told
-from spark_jobs.report import bar_chart, fmt
+from spark_jobs.report import alarming, bar_chart, fmt
 from spark_jobs.window import Window
 
 ROWS = (
@@ -39,6 +39,7 @@ ROWS = (
     ("lost", "lost"),
     ("duplicated", "duplicated at the broker"),
     ("phantom", "phantom"),
+    ("out_of_order", "out of order (per key)"),
     ("dead", "dead-lettered"),
     ("latency_p50_ms", "commit -> broker p50 (ms)"),
     ("latency_p99_ms", "commit -> broker p99 (ms)"),
@@ -247,5 +248,5 @@ def run(args: argparse.Namespace) -> int:
     write_html(out / "compare.html", models, workload)
     print_table(models, workload)
     print(f"report: {out / 'compare.html'}")
-    bad = any(m.get("lost") or m.get("phantom") for m in models.values())
+    bad = any(alarming(m) for m in models.values())
     return EXIT_DISCREPANCY if bad else 0
