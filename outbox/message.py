@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 from outbox.errors import (
     InvalidHeaders,
@@ -73,6 +74,15 @@ class Message:
     # (taken when its row is written; None until then and for unordered messages).
     ordered: bool = False
     seq: int | None = None
+    # A scheduled message (send(delay=..., deliver_at=..., delay_level=..., dedup_key=...)):
+    # a relay's scheduler publishes it once the database clock passes its due time. One of
+    # the two is set: ``delay_s`` counts from the row's INSERT, ``deliver_at`` is aware UTC.
+    delay_s: float | None = None
+    deliver_at: datetime | None = None
+
+    @property
+    def scheduled(self) -> bool:
+        return self.delay_s is not None or self.deliver_at is not None
 
 
 def build_message(

@@ -40,7 +40,8 @@ PENDING = "pending"
 SENT = "sent"
 DEAD = "dead"
 SKIPPED = "skipped"  # given up by an operator (`outbox skip`): not delivered, not expected
-STATUSES = (PENDING, SENT, DEAD, SKIPPED)
+CANCELED = "canceled"  # a scheduled message canceled by the app (`Outbox.cancel`)
+STATUSES = (PENDING, SENT, DEAD, SKIPPED, CANCELED)
 
 metadata = MetaData(
     naming_convention={
@@ -165,12 +166,24 @@ outbox_message = Table(
     Column("receipt", String(255)),
     # An ordered message's place among its (topic, key)'s: 1, 2, 3... (outbox_sequence).
     Column("seq", BigInteger()),
+    # A scheduled message's due time (send(delay=...) or deliver_at=...), by the database
+    # clock; NULL: published as soon as committed.
+    Column("deliver_at", time_type),
     CheckConstraint(f"status IN {STATUSES!r}", name="status"),
+    # What the sweeper scans by age: scheduled rows are the scheduler's (ix_..._due).
     Index(
         "ix_outbox_message_pending",
         "created_at",
-        postgresql_where=text(f"status = '{PENDING}'"),
-        sqlite_where=text(f"status = '{PENDING}'"),
+        postgresql_where=text(f"status = '{PENDING}' AND deliver_at IS NULL"),
+        sqlite_where=text(f"status = '{PENDING}' AND deliver_at IS NULL"),
+    ),
+    # The next due scheduled row. Status first for MySQL/MariaDB (no partial index there).
+    Index(
+        "ix_outbox_message_due",
+        "status",
+        "deliver_at",
+        postgresql_where=text(f"status = '{PENDING}' AND deliver_at IS NOT NULL"),
+        sqlite_where=text(f"status = '{PENDING}' AND deliver_at IS NOT NULL"),
     ),
     # A key's pending or dead rows by seq (its head, the rows behind it): with status
     # before seq, a look below a seq never reads the key's retained sent rows.
