@@ -258,7 +258,9 @@ def claim_due_stmt(
     cursor passed it) unless it is among the ``failed`` of this drain pass.
     """
     columns = claimed_columns(limit)
-    pending = [t.c.status == PENDING, t.c.created_at < cutoff, is_head()]
+    # deliver_at IS NULL: scheduled rows are the scheduler's; and it lets PostgreSQL and
+    # SQLite use ix_outbox_message_pending, which leaves them out.
+    pending = [t.c.status == PENDING, t.c.deliver_at.is_(None), t.c.created_at < cutoff, is_head()]
     if after_id is not None:
         unordered = and_(t.c.seq.is_(None), t.c.id > after_id)
         ordered: Any = t.c.seq.is_not(None)
