@@ -23,7 +23,8 @@ swallowed; it never stops or repeats a message.
 Each message handed to the fast path ends in exactly one of ``published(path="fast")``,
 ``rejected`` or ``left_for_sweeper``, possibly after some ``retried``. A row the
 sweeper claims ends, per attempt, in ``published(path="sweeper")``, ``retried`` or
-``dead``; ``swept`` follows each batch it committed.
+``dead``; ``swept`` follows each batch it committed. A scheduled message (``send(delay=...)``)
+is the relay's scheduler's: ``published(path="scheduler")``, ``retried`` or ``dead``, no ``swept``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, get_args
 
-Path = Literal["fast", "sweeper"]
+Path = Literal["fast", "sweeper", "scheduler"]
 # Why the fast path let a message go; its row stays pending for the sweeper.
 # queue_full: the fast path held queue_size messages at commit; exhausted: the retry
 # schedule is spent; too_old: past the hand-off limit; mark_failed: acked, but marking

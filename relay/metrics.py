@@ -13,9 +13,9 @@ In an app::
 A worker: ``outbox relay --metrics-port 9464`` serves ``/metrics`` itself.
 
 Metrics: ``outbox_messages_sent_total{path}``, ``outbox_messages_retried_total{path}``
-(path = fast or sweeper), ``outbox_messages_swept_total``, ``outbox_messages_dead_total``,
-``outbox_messages_left_for_sweeper_total{reason}``, ``outbox_messages_held`` (all the
-fast path holds, at most ``queue_size``), ``outbox_queue_depth``,
+(path = fast, sweeper or scheduler), ``outbox_messages_swept_total``,
+``outbox_messages_dead_total``, ``outbox_messages_left_for_sweeper_total{reason}``,
+``outbox_messages_held`` (all the fast path holds, at most ``queue_size``), ``outbox_queue_depth``,
 ``outbox_timewheel_size``, ``outbox_commit_to_ack_seconds`` (histogram),
 ``outbox_sweep_batch_size`` and ``outbox_sweep_duration_seconds`` (histograms).
 Backlog, per topic: ``outbox_pending_messages{topic}``, ``outbox_dead_messages{topic}``,
@@ -90,8 +90,8 @@ class RelayCounts(RelayListener):
     def __init__(self) -> None:
         self.lock = threading.Lock()
         after_fork_in_child(self, RelayCounts._new_lock)
-        self.sent = {"fast": 0, "sweeper": 0}
-        self.retries = {"fast": 0, "sweeper": 0}
+        self.sent = {"fast": 0, "sweeper": 0, "scheduler": 0}
+        self.retries = {"fast": 0, "sweeper": 0, "scheduler": 0}
         self.left = dict.fromkeys(LEFT_REASONS, 0)
         self.swept_rows = 0
         self.dead_rows = 0
@@ -160,7 +160,8 @@ class OutboxCollector(Collector):
         retried = CounterMetricFamily(
             "outbox_messages_retried", "Failed attempts scheduled again", labels=["path"]
         )
-        paths = [path for path, running in (("fast", fast), ("sweeper", sweeper)) if running]
+        duties = (("fast", fast), ("sweeper", sweeper), ("scheduler", fast or sweeper))
+        paths = [path for path, running in duties if running]
         for path in paths:
             sent.add_metric([path], self.counts.sent[path])
             retried.add_metric([path], self.counts.retries[path])

@@ -10,6 +10,8 @@ the reverse order, within one deadline:
   path and the sweeper publish through it, so it starts first and stops last;
 - ``Sweeper`` (relay.sweeper) and ``SweeperJobs`` (relay.sweeper_jobs), which call it
   on a schedule (the sweeper duty) with the retention purge;
+- ``Scheduler`` (relay.scheduler), with either duty: publishes scheduled messages
+  (``send(delay=...)``) when due, through the sweeper's machinery;
 - ``Dispatcher`` (relay.dispatcher), the fast path, with its ``AckBatcher``: up last,
   down first, so that at stop it has the whole deadline for the publishes and acks it
   holds (acked but unmarked rows would be published again) and takes no new commits
@@ -39,6 +41,7 @@ from relay.dispatcher import Dispatcher
 from relay.listener import Listeners
 from relay.loop import BrokerLoop
 from relay.part import Lifecycle, Part
+from relay.scheduler import Scheduler
 from relay.sweeper import Sweeper
 from relay.sweeper_jobs import SweeperJobs
 
@@ -58,6 +61,8 @@ class Relay(Lifecycle):
     - ``sweeper``: sweep due rows every ``sweep_interval_s`` (``concurrency`` sweeps side
       by side) and, with ``retention``, purge old sent rows; ``relay.sweeper`` is there
       without this duty too, for sweeps on demand (``outbox drain``);
+    - with either duty, ``scheduler`` publishes scheduled messages once due (submitted
+      ones are its hints, others are read from the table);
     - ``metrics_port``: serve Prometheus ``/metrics`` on ``metrics_addr`` (needs the
       [metrics] extra).
 
@@ -88,6 +93,7 @@ class Relay(Lifecycle):
         self.dispatcher = self._fast_path() if fast_path else None
         self.sweeper = Sweeper(engine, self.broker_loop, settings, self.listeners)
         self.jobs = SweeperJobs(self.sweeper, concurrency, retention) if sweeper else None
+        self.scheduler = Scheduler(self.sweeper) if fast_path or sweeper else None
         self._metrics = MetricsServer(self, metrics_port, metrics_addr)
 
     def _fast_path(self) -> Dispatcher:
@@ -106,8 +112,17 @@ class Relay(Lifecycle):
         self.listeners.add(listener)
 
     def submit(self, messages: Sequence[Message], check: bool = True) -> int:
-        """Hand committed messages to the fast path; how many it took (see Dispatcher)."""
-        return 0 if self.dispatcher is None else self.dispatcher.submit(messages, check)
+        """Hand committed messages over: scheduled ones to the scheduler (never the fast
+        path), the others to the fast path; how many the fast path took (see Dispatcher).
+
+        ``check`` is the fast path's (scheduled rows are claimed from the table, and a
+        row whose commit did not happen is not found there)."""
+        now = [m for m in messages if not m.scheduled]
+        if len(now) < len(messages) and self.scheduler is not None:
+            self.scheduler.hint([m for m in messages if m.scheduled])
+        if not now or self.dispatcher is None:
+            return 0
+        return self.dispatcher.submit(now, check)
 
     def wait_connected(self, timeout: float) -> bool:
         """True once the broker connection is up (it reconnects by itself after)."""
@@ -140,6 +155,7 @@ class Relay(Lifecycle):
             self.broker_loop,
             self.sweeper,
             self.jobs,
+            self.scheduler,
             self.dispatcher,
         ]
         return [part for part in parts if part is not None]

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection, Engine
 
 from outbox.broker import Outcome, PublishResult, permanent
-from outbox.events import Failed, RelayListener, Sent, SweepResult
+from outbox.events import Failed, Path, RelayListener, Sent, SweepResult
 from outbox.message import Message
 from outbox.rows import KnownForms, StoredRow, stored_message
 from outbox.settings import Settings
@@ -48,6 +48,8 @@ from relay.listener import Listeners
 from relay.loop import BrokerLoop
 
 log = logging.getLogger("relay.sweeper")
+
+Claim = Callable[[Connection], list[store.Claimed]]  # locks a batch in the given transaction
 
 
 class Sweeper:
@@ -92,20 +94,35 @@ class Sweeper:
         """
         return self._counted_sweep(min_age_s, due_only, cursor)[0]
 
+    def publish_claimed(self, claim: Claim, path: Path = "scheduler") -> SweepResult:
+        """One batch of the rows ``claim`` locks (the scheduler's due rows), published and
+        recorded in one transaction exactly as a sweep's; its listeners hear ``path``."""
+        return self._counted_sweep(None, True, None, claim, path)[0]
+
     def _counted_sweep(
-        self, min_age_s: float | None, due_only: bool, cursor: Cursor | None
+        self,
+        min_age_s: float | None,
+        due_only: bool,
+        cursor: Cursor | None,
+        claim: Claim | None = None,
+        path: Path = "sweeper",
     ) -> tuple[SweepResult, bool]:
         with self._sweeping_changed:
             self._sweeping += 1
         try:
-            return self._sweep_once(min_age_s, due_only, cursor)
+            return self._sweep_once(min_age_s, due_only, cursor, claim, path)
         finally:
             with self._sweeping_changed:
                 self._sweeping -= 1
                 self._sweeping_changed.notify_all()
 
     def _sweep_once(
-        self, min_age_s: float | None, due_only: bool, cursor: Cursor | None
+        self,
+        min_age_s: float | None,
+        due_only: bool,
+        cursor: Cursor | None,
+        claim: Claim | None,
+        path: Path,
     ) -> tuple[SweepResult, bool]:
         """The batch's result, and whether an ordered row was acked (its key may have a
         next head now, though the batch was not full)."""
@@ -114,7 +131,7 @@ class Sweeper:
         rows: list[store.Claimed] = []
         try:
             with self.engine.begin() as conn:
-                rows = self._claim(conn, age, due_only, cursor)
+                rows = claim(conn) if claim else self._claim(conn, age, due_only, cursor)
                 if not rows:
                     return SweepResult(), False
                 big = store.load_payloads(conn, rows)
@@ -125,9 +142,9 @@ class Sweeper:
                     cursor.failed_ordered(ordered_ids(rows, published.results, ok=False))
         except _BrokerUnreachable as why:
             if self._stopping.is_set():
-                log.info("sweep: stopping, batch of %d left pending", len(rows))
+                log.info("%s: stopping, batch of %d left pending", path, len(rows))
             else:
-                self.broker_loop.outage.failed(f"{why}; sweep: batch of {len(rows)} left pending")
+                self.broker_loop.outage.failed(f"{why}; {path}: batch of {len(rows)} left pending")
             return SweepResult(claimed=len(rows), aborted=True), False
         if published.cut_short is not None:
             self._cut_short(published.cut_short, published.held)
@@ -136,15 +153,17 @@ class Sweeper:
         result = sweep_result(report)
         result.aborted = published.cut_short is not None
         log.log(
-            self.batch_log_level,
-            "sweep: claimed=%d sent=%d retry_later=%d dead=%d%s",
+            self.batch_log_level if path == "sweeper" else logging.DEBUG,  # a batch per due time
+            "%s: claimed=%d sent=%d retry_later=%d dead=%d%s",
+            "sweep" if path == "sweeper" else path,
             result.claimed, result.sent, result.failed, result.dead,
             f" held_back={published.held}" if published.held else "",
         )  # fmt: skip
         with self._totals_lock:
             self.totals += result
-        report.tell(self.listeners, "sweeper")
-        self.listeners.swept(result, time.monotonic() - started)
+        report.tell(self.listeners, path)
+        if path == "sweeper":  # swept() is the sweeper's batches' hook
+            self.listeners.swept(result, time.monotonic() - started)
         return result, bool(ordered_ids(rows, published.results, ok=True))
 
     def _claim(

@@ -36,6 +36,7 @@ from relay.cli.progress import Progress, progress
 from relay.cli.settings_flags import add_settings_flags
 from relay.cli.stopping import STOP_SIGNALS, StopSignals, exit_status, signals_blocked
 from relay.runtime import Relay
+from relay.scheduler import publish_due
 from relay.sweeper import Sweeper
 
 DRAIN_PASSES = 3
@@ -209,19 +210,27 @@ def drain(args: argparse.Namespace, stop: StopSignals) -> int:
         exit_now(report_drain(shown.result(), total, seconds, stopped_by, True, args.json))
     try:
         result = work.result()
+        later = scheduled_later(engine)
     finally:
         relay.stop(2.0)
         engine.dispose()
-    return report_drain(result, total, seconds, stopped_by, as_json=args.json)
+    return report_drain(result, total, seconds, stopped_by, as_json=args.json, scheduled=later)
+
+
+def scheduled_later(engine: Engine) -> int:
+    """Scheduled rows not due yet: a drain leaves them to a relay's scheduler."""
+    with engine.connect() as conn:
+        return store.scheduled_count(conn)
 
 
 def backlog(args: argparse.Namespace) -> tuple[Engine, int]:
-    """The engine for --db, once the schema is checked, and the pending count."""
+    """The engine for --db, once the schema is checked, and the pending count (less the
+    scheduled rows not due yet: a drain does not publish them)."""
     engine = database(args)
     try:
         migrate.require_schema(engine)
         with engine.connect() as conn:
-            return engine, store.pending_count(conn)
+            return engine, store.pending_count(conn) - store.scheduled_count(conn)
     except BaseException:
         engine.dispose()
         raise
@@ -238,12 +247,16 @@ def wait_connected(relay: Relay, stop: StopSignals) -> bool:
 
 def drain_passes(sweeper: Sweeper, concurrency: int, shown: Progress) -> SweepResult:
     """Up to DRAIN_PASSES sweeps; the totals count each row once, however many passes
-    tried it (a row that failed in the last pass to claim it is retry_later)."""
+    tried it (a row that failed in the last pass to claim it is retry_later). Each pass
+    publishes the scheduled rows due by then too, never one before its time (a failed
+    one is backing off: a later pass does not retake it)."""
+    publish_due(sweeper, on_batch=shown.add)
     swept = sweeper.sweep(concurrency, min_age_s=0, due_only=False, on_batch=shown.add)
     for _ in range(DRAIN_PASSES - 1):  # failed rows are pending again: give them more tries
         if shown.result().failed == 0 or sweeper.stopping or swept.aborted:
             break
         shown.next_pass()
+        publish_due(sweeper, on_batch=shown.add)
         swept = sweeper.sweep(concurrency, min_age_s=0, due_only=False, on_batch=shown.add)
     result = shown.result()
     result.aborted = swept.aborted
@@ -278,6 +291,7 @@ def report_drain(
     stopped_by: int | None,
     late: bool = False,
     as_json: bool = False,
+    scheduled: int = 0,
 ) -> int:
     """Print the summary line; the exit status (128 + the signal when one stopped it)."""
     if stopped_by is not None:
@@ -286,12 +300,14 @@ def report_drain(
     else:
         why = " (stopped: broker unreachable)" if result.aborted else ""
     if as_json:
-        print(json.dumps(drain_document(result, total, seconds, stopped_by, late)))
+        document = drain_document(result, total, seconds, stopped_by, late)
+        print(json.dumps(document | {"scheduled_later": scheduled}))
     else:
         print(
             f"drained: sent={result.sent} retry_later={result.failed} dead={result.dead}",
             f"of {total} pending in {seconds:.2f} s ({result.sent / max(seconds, 1e-9):,.0f} msg/s)"
-            + why,
+            + why
+            + (f"; {scheduled} scheduled for later, left to the relays" if scheduled else ""),
         )
         for line in reason_lines(result):
             print(line)
