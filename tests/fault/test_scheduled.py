@@ -1,0 +1,95 @@
+"""Scheduled messages through an app SIGKILL: an app with its in-process relay commits
+100 scheduled messages (due 2-5 s later) and is killed at once; two `outbox relay`
+workers started afterwards publish every one of them, none before its time, none twice.
+
+Never early is judged as in test_scheduler_realtime: JetStream's stored time (the
+nats-server's wall clock) against the row's deliver_at (the database's clock), through a
+measured bound of the database's offset from this host's wall clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from sqlalchemy import create_engine, func, select
+from sqlalchemy.pool import NullPool
+
+from outbox import migrate, outbox_message
+from relay.brokers.nats import read_stream
+from relay.testing.embedded import NatsServer
+from tests.helpers import workers_until
+from tests.scheduling import db_offset_bound_s, due_times, early
+
+t = outbox_message
+OUTBOX = str(Path(sys.executable).with_name("outbox"))
+KILLED = 100
+INTERVAL_S = 1.0
+
+# The app: its relay running (the scheduler among its parts), scheduled messages hinted
+# to it as a commit hands them over, then it waits in memory until killed.
+_APP = textwrap.dedent(
+    """
+    import random, sys
+    from outbox import Outbox
+    from tests.scheduling import schedule
+    db, broker, topic, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    ob = Outbox(db, broker=broker)
+    ob.start()
+    rng = random.Random(4)
+    for first in range(0, count, 10):
+        with ob.engine.begin() as conn:
+            messages = schedule(conn, topic, [rng.uniform(2.0, 5.0) for _ in range(10)])
+        ob._relay.submit(messages)
+    print("committed", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def kill_app_after_scheduling(db: str, broker: str, topic: str) -> None:
+    app = subprocess.Popen(
+        [sys.executable, "-c", _APP, db, broker, topic, str(KILLED)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert app.stdout is not None
+    line = app.stdout.readline().strip()
+    app.kill()
+    _, err = app.communicate(timeout=10)
+    assert line == "committed", err[-2000:]
+
+
+def sent_count(db: str) -> int:
+    engine = create_engine(db, poolclass=NullPool)
+    with engine.connect() as conn:
+        n = conn.execute(select(func.count()).where(t.c.status == "sent")).scalar_one()
+    engine.dispose()
+    return int(n)
+
+
+def test_scheduled_messages_survive_an_app_sigkill(
+    pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+) -> None:
+    name, prefix = stream
+    broker = f"{nats_server.url}?stream={name}&subjects={prefix}.>"
+    migrate.upgrade(pg_url)
+    kill_app_after_scheduling(pg_url, broker, f"{prefix}.later")
+    assert sent_count(pg_url) == 0, "killed before any was due"
+    env = {**os.environ, "OUTBOX_DB": pg_url, "OUTBOX_BROKER": broker}
+    command = [OUTBOX, "relay", "--interval", str(INTERVAL_S)]
+    workers_until(command, env, lambda: sent_count(pg_url) == KILLED, "all published", n=2)
+    engine = create_engine(pg_url, poolclass=NullPool)
+    due, offset = due_times(engine), db_offset_bound_s(engine)
+    engine.dispose()
+    stored = asyncio.run(read_stream(nats_server.url, name))
+    arrived = {m.msg_id: m.time for m in stored if m.msg_id and m.time}
+    assert len(due) == KILLED and sorted(arrived) == sorted(due)
+    assert len(stored) == KILLED, "none twice"
+    assert early(arrived, due, offset) == []
+    late_s = max((arrived[m] - due[m]).total_seconds() for m in due)
+    print(f"latest: {late_s:.3f} s after its deliver_at (sweep interval {INTERVAL_S} s)")
