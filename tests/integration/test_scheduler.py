@@ -4,10 +4,14 @@ relays on one table publish each row once, and a hinted row goes out on time."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
+from pathlib import Path as FilePath
 
 import pytest
 from sqlalchemy import Engine, select
@@ -20,11 +24,13 @@ from relay.loop import BrokerLoop
 from relay.runtime import Relay
 from relay.scheduler import Scheduler
 from relay.sweeper import Sweeper
+from relay.testing.embedded import NatsServer
 from relay.testing.memory import MemoryBroker
 from tests.helpers import migrated, running, wait_until
 from tests.scheduling import db_offset_bound_s, due_times, early, schedule_rows, statuses
 
 t = outbox_message
+OUTBOX = str(FilePath(sys.executable).with_name("outbox"))
 QUICK = Settings(sweep_interval_s=0.5, backoff_base_s=30.0, backoff_cap_s=60.0)
 
 
@@ -145,3 +151,23 @@ def test_a_hinted_row_goes_out_when_due_never_before(engine: Engine) -> None:
     late_s = arrivals(broker)[messages[0].msg_id] - due_times(engine)[messages[0].msg_id]
     print(f"late by {late_s.total_seconds() * 1000:.1f} ms (wall clock; offset bound {offset})")
     assert datetime.now(UTC) > due_times(engine)[messages[0].msg_id]
+
+
+def test_drain_publishes_due_rows_and_counts_the_rest(
+    pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
+) -> None:
+    name, prefix = stream
+    with migrated(pg_url) as eng:
+        due = schedule_rows(eng, f"{prefix}.d", [-2.0, -1.0, 0.0])
+        later = schedule_rows(eng, f"{prefix}.d", [3600.0, 3600.0])
+        broker = f"{nats_server.url}?stream={name}&subjects={prefix}.>"
+        done = subprocess.run(
+            [OUTBOX, "drain", "--db", pg_url, "--broker", broker, "--json"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert (report["sent"], report["pending_at_start"], report["scheduled_later"]) == (3, 3, 2)
+        now = statuses(eng)
+    assert [now[m.msg_id] for m in due] == ["sent"] * 3
+    assert [now[m.msg_id] for m in later] == ["pending"] * 2
