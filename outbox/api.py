@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from contextvars import ContextVar
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
 
 from sqlalchemy import Connection, Engine, make_url
@@ -28,12 +29,12 @@ from outbox.engines import (
 )
 from outbox.errors import ConfigError, WrongDatabase
 from outbox.events import RelayListener, Stats
-from outbox.message import Message, build_message
+from outbox.message import Message, build_message, check_cancel_id
 from outbox.secrets import mask_url, url_of
 from outbox.settings import Settings
 from outbox.table import outbox_message
 from outbox.target import mismatch
-from outbox.tracking import remember, stage
+from outbox.tracking import cancel_staged, remember, stage
 
 if TYPE_CHECKING:  # types only: the relay itself is imported by start(), asyncio by aio
     from sqlalchemy.ext.asyncio import (
@@ -156,8 +157,20 @@ class Outbox:
         ordered: bool = False,
         tags: str | list[str] | None = None,
         headers: dict[str, str] | None = None,
+        delay: timedelta | float | None = None,
+        deliver_at: datetime | None = None,
+        delay_level: int | None = None,
+        dedup_key: str | None = None,
     ) -> str:
         """Write one message in ``session``'s transaction and return its msg_id (UUIDv7).
+
+        Scheduled (docs/concepts.md, Scheduling): ``delay`` (a timedelta or seconds),
+        ``deliver_at`` (an aware datetime) or ``delay_level`` (RocketMQ's 1 to 18) make the
+        message due that long after its INSERT, or at that instant, by the database clock;
+        a relay's scheduler publishes it then, never before. ``dedup_key``: the msg_id is
+        derived from (topic, dedup_key), and a second send of the pair, while its row is
+        in the table, writes nothing and returns the same msg_id. ``cancel()`` withdraws a
+        scheduled message until it is published.
 
         ``ordered=True`` (needs a ``key``): the messages of one (topic, key) sent so reach
         the broker in the order their transactions committed, each after the one before
@@ -185,6 +198,10 @@ class Outbox:
             tags=tags,
             headers=with_trace_context(headers),
             ordered=ordered,
+            delay=delay,
+            deliver_at=deliver_at,
+            delay_level=delay_level,
+            dedup_key=dedup_key,
             max_payload_bytes=self.settings.max_payload_bytes,
         )
         if staged or message.ordered:  # ordered: the key's lock is taken at COMMIT only
@@ -193,6 +210,39 @@ class Outbox:
             [written] = rows.write(checked, [message])
             remember(checked, written, self._on_commit)
         return message.msg_id
+
+    def cancel(self, session: Session | scoped_session[Session], msg_id: str) -> bool:
+        """Cancel the scheduled message ``msg_id`` in ``session``'s transaction.
+
+        True iff this canceled it: it was scheduled (sent with delay, deliver_at,
+        delay_level or dedup_key), not yet published nor canceled, and it is this
+        transaction's to withdraw (its row, or a message this session sent and has not
+        written yet). Once the transaction commits, the message is never published; a
+        rollback undoes the cancel. An unscheduled message cannot be canceled (False: it
+        is published right after its COMMIT), nor an unknown one (False).
+
+        A publish in flight holds the row's lock: the cancel waits for it to finish (at
+        most the relay's publish timeout), then returns False if it went out, True if the
+        publish failed (the message is then never published). An AsyncSession takes
+        ``await ob.cancel_async(session, msg_id)``.
+        """
+        msg_id = check_cancel_id(msg_id)
+        if aio.is_async_session(session) or aio.is_async_scoped(session):
+            raise ConfigError("session: an AsyncSession cancels with await ob.cancel_async(...)")
+        checked = self._check_session(session)
+        withdrawn = cancel_staged(checked, msg_id)
+        return rows.cancel(checked, msg_id) or withdrawn
+
+    async def cancel_async(self, session: AnySession, msg_id: str) -> bool:
+        """``cancel()`` for an AsyncSession: the same rules, awaited."""
+        msg_id = check_cancel_id(msg_id)
+        if not (aio.is_async_session(session) or aio.is_async_scoped(session)):
+            raise ConfigError("session: cancel_async() takes an AsyncSession; use cancel()")
+        checked = self._check_session(session)
+        withdrawn = cancel_staged(checked, msg_id)
+        given = session() if aio.is_async_scoped(session) else session
+        changed = await given.run_sync(rows.cancel, msg_id)
+        return changed or withdrawn
 
     @overload
     def transactional(

@@ -51,5 +51,10 @@ class InvalidTags(InvalidMessage):
     """A tag is not an acceptable string."""
 
 
+class InvalidSchedule(InvalidMessage):
+    """A ``delay``, ``deliver_at``, ``delay_level`` or ``dedup_key`` is not acceptable, or
+    they are combined in a way that is refused (two times, or a schedule with ``ordered``)."""
+
+
 class WrongDatabase(OutboxError):
     """The session passed to ``send()`` is bound to another database than the outbox's."""

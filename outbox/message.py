@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import reprlib
@@ -11,13 +12,14 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from outbox.errors import (
     InvalidHeaders,
     InvalidKey,
     InvalidMessage,
     InvalidPayload,
+    InvalidSchedule,
     InvalidTags,
     InvalidTopic,
     PayloadTooLarge,
@@ -56,6 +58,17 @@ shown = _repr.repr
 # Control characters (Unicode Cc) and surrogates: a NATS header line ends at CR or LF,
 # and a surrogate has no UTF-8 form.
 BAD_VALUE_CHAR = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# send(delay_level=n): RocketMQ's default messageDelayLevel, in seconds, level 1 first.
+DELAY_LEVELS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800,
+                  3600, 7200)  # fmt: skip
+# The longest delay: its due time fits every column (MariaDB's DATETIME ends in 9999) and
+# its microseconds a BIGINT, with centuries to spare.
+MAX_DELAY_S = 100 * 366 * 86_400
+# MariaDB's DATETIME holds years 1000 to 9999; a due time in the past means "now" anyway.
+EARLIEST_DELIVER_AT = datetime(1000, 1, 1, tzinfo=UTC)
+# send(dedup_key=K): the msg_id is uuid5(DEDUP_NAMESPACE, topic NUL K). Fixed forever: a
+# new namespace would let a scheduler that runs again schedule its messages twice.
+DEDUP_NAMESPACE = uuid.UUID("6f0d3c55-8a1e-4c2b-9d41-3b1f2d7e9a10")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,18 +106,150 @@ def build_message(
     tags: object = None,
     headers: object = None,
     ordered: object = False,
+    delay: object = None,
+    deliver_at: object = None,
+    delay_level: object = None,
+    dedup_key: object = None,
     max_payload_bytes: int,
 ) -> Message:
     """Validate and encode one message; raises an ``InvalidMessage`` subclass on bad input."""
     topic, key, tags = check_topic(topic), check_key(key), check_tags(tags)
     ordered = check_ordered(ordered, key)
+    schedule = check_schedule(delay, deliver_at, delay_level, dedup_key)
+    if ordered and schedule.given:
+        raise InvalidSchedule(
+            "ordered",
+            f"cannot be combined with a delay ({schedule.given} given): a delayed message "
+            "would hold back its key's later messages for the whole delay",
+        )
     all_headers = check_headers(headers)
     body, content_type = encode_payload(payload)
     if content_type and CONTENT_TYPE not in {name.lower() for name in all_headers}:
         all_headers[CONTENT_TYPE] = content_type
-    message = Message(str(uuid7()), topic, body, key, tags, all_headers, ordered=ordered)
+    msg_id = uuid7() if schedule.dedup_key is None else dedup_id(topic, schedule.dedup_key)
+    message = Message(
+        str(msg_id),
+        topic,
+        body,
+        key,
+        tags,
+        all_headers,
+        ordered=ordered,
+        delay_s=schedule.delay_s,
+        deliver_at=schedule.deliver_at,
+    )
     check_size(message, max_payload_bytes)
     return message
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """send()'s scheduling arguments, checked: at most one of delay_s and deliver_at set."""
+
+    delay_s: float | None = None
+    deliver_at: datetime | None = None
+    dedup_key: str | None = None
+    given: str = ""  # the arguments given, for error messages ("" when none)
+
+
+def check_schedule(
+    delay: object, deliver_at: object, delay_level: object, dedup_key: object
+) -> Schedule:
+    """A message with any of these is scheduled: a relay's scheduler publishes it once the
+    database clock reaches its due time. ``dedup_key`` alone means due now."""
+    times = {"delay": delay, "deliver_at": deliver_at, "delay_level": delay_level}
+    named = [name for name, value in times.items() if value is not None]
+    if len(named) > 1:
+        raise InvalidSchedule(
+            named[1], f"cannot be combined with {named[0]}: give one of delay, deliver_at, "
+            "delay_level",
+        )  # fmt: skip
+    key = check_dedup_key(dedup_key)
+    given = ", ".join(named + (["dedup_key"] if key is not None else []))
+    if delay is not None:
+        return Schedule(delay_s=check_delay(delay), dedup_key=key, given=given)
+    if delay_level is not None:
+        return Schedule(delay_s=float(level_delay(delay_level)), dedup_key=key, given=given)
+    if deliver_at is not None:
+        return Schedule(deliver_at=check_deliver_at(deliver_at), dedup_key=key, given=given)
+    return Schedule(delay_s=None if key is None else 0.0, dedup_key=key, given=given)
+
+
+def check_delay(delay: object) -> float:
+    """Seconds: a timedelta, or an int or float of seconds; finite, 0 to ``MAX_DELAY_S``."""
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, int | float) and not isinstance(delay, bool):
+        try:
+            seconds = float(delay)
+        except OverflowError:  # an int beyond any float
+            seconds = math.inf if delay > 0 else -math.inf
+    else:
+        raise InvalidSchedule(
+            "delay", f"must be a timedelta or a number of seconds, got {type(delay).__name__}"
+        )
+    if seconds < 0:
+        raise InvalidSchedule("delay", f"must not be negative, got {shown(delay)}")
+    if not math.isfinite(seconds):
+        raise InvalidSchedule("delay", f"must be a finite number of seconds, got {shown(delay)}")
+    if seconds > MAX_DELAY_S:
+        raise InvalidSchedule(
+            "delay", f"must be at most {MAX_DELAY_S} seconds (100 years), got {shown(delay)}"
+        )
+    return seconds
+
+
+def level_delay(level: object) -> int:
+    """RocketMQ's delay level ``level`` (1 to 18) in seconds."""
+    if not isinstance(level, int) or isinstance(level, bool) or not 1 <= level <= 18:
+        raise InvalidSchedule(
+            "delay_level",
+            f"must be an int from 1 to {len(DELAY_LEVELS_S)} (RocketMQ's levels 1s 5s 10s 30s "
+            f"1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h), got {shown(level)}",
+        )
+    return DELAY_LEVELS_S[level - 1]
+
+
+def check_deliver_at(deliver_at: object) -> datetime:
+    """An aware datetime, returned in UTC; one in the past is kept (it is due at once)."""
+    if not isinstance(deliver_at, datetime):
+        raise InvalidSchedule(
+            "deliver_at", f"must be a datetime with a time zone, got {type(deliver_at).__name__}"
+        )
+    try:
+        offset = deliver_at.utcoffset()
+        at = deliver_at.astimezone(UTC) if offset is not None else None
+    except (OverflowError, ValueError) as exc:  # e.g. 9999-12-31 23:00-05:00
+        raise InvalidSchedule("deliver_at", f"must be a time up to 9999 in UTC: {exc}") from None
+    if at is None:
+        raise InvalidSchedule(
+            "deliver_at",
+            "must be aware: give it a time zone, e.g. datetime.now(UTC) + timedelta(minutes=5) "
+            f"or .replace(tzinfo=UTC), got the naive {shown(deliver_at)}",
+        )
+    if at < EARLIEST_DELIVER_AT:
+        raise InvalidSchedule("deliver_at", f"must be in the year 1000 or later, got {at}")
+    return at
+
+
+def check_dedup_key(dedup_key: object) -> str | None:
+    """A non-empty string of at most 255 bytes in UTF-8, without control characters."""
+    if dedup_key is None:
+        return None
+    if not isinstance(dedup_key, str) or not dedup_key:
+        raise InvalidSchedule("dedup_key", "must be a non-empty string or None")
+    _check_text_bytes(InvalidSchedule, "dedup_key", dedup_key)
+    if bad := BAD_VALUE_CHAR.search(dedup_key):
+        raise InvalidSchedule(
+            "dedup_key", f"must not contain control characters, got {shown(bad.group())}"
+        )
+    return dedup_key
+
+
+def dedup_id(topic: str, dedup_key: str) -> uuid.UUID:
+    """The msg_id of (topic, dedup_key): the same on every run, process and host. NUL
+    cannot occur in a topic, so two different pairs never join to the same text."""
+    return uuid.uuid5(DEDUP_NAMESPACE, f"{topic}\x00{dedup_key}")
 
 
 def recheck(message: object, max_payload_bytes: int | None = None) -> None:
@@ -139,6 +284,15 @@ def check_msg_id(msg_id: object) -> str:
     except ValueError:
         pass
     raise InvalidMessage("msg_id", f"must be a UUID in canonical form, got {shown(msg_id)}")
+
+
+def check_cancel_id(msg_id: object) -> str:
+    """A msg_id given to ``cancel()``: a UUID, or its text in any case; canonical form."""
+    if isinstance(msg_id, uuid.UUID):
+        return str(msg_id)
+    if isinstance(msg_id, str):
+        return check_msg_id(msg_id.lower())
+    raise InvalidMessage("msg_id", f"must be a UUID string, got {type(msg_id).__name__}")
 
 
 def check_topic(topic: object) -> str:

@@ -12,18 +12,29 @@ back raises an ``outbox.errors.InvalidMessage`` subclass when it breaks the cont
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from sqlalchemy import Connection, insert, select, tuple_
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    CursorResult,
+    bindparam,
+    func,
+    insert,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from outbox.errors import InvalidHeaders, InvalidPayload
 from outbox.message import Message, recheck
-from outbox.table import outbox_message, outbox_sequence
+from outbox.table import CANCELED, PENDING, db_now_plus, outbox_message, outbox_sequence, time_type
 
 INSERT_MESSAGE = insert(outbox_message)
 
@@ -61,17 +72,94 @@ def row_values(message: Message) -> dict[str, Any]:
 
 
 def write(conn: Session | Connection, messages: Sequence[Message]) -> list[Message]:
-    """Insert the rows of ``messages`` in ``conn``'s transaction: one statement, after
-    the ordered ones took their sequence numbers (``take_seqs``). Returns the messages
-    as written, with their ``seq``."""
+    """Insert the rows of ``messages`` in ``conn``'s transaction: one statement for the
+    unscheduled ones, after the ordered ones took their sequence numbers (``take_seqs``),
+    and one for the scheduled ones (``write_scheduled``). Returns the messages as
+    written, with their ``seq``."""
     written = take_seqs(conn, messages)
-    values = [row_values(m) for m in written]
-    if any(m.seq is not None for m in written):  # else unnamed: a schema before 0004 works
-        for value, message in zip(values, written, strict=True):
-            value["seq"] = message.seq
-    # One dict is a plain execute: the single send() of a Session, its hot path.
-    conn.execute(INSERT_MESSAGE, values[0] if len(values) == 1 else values)
+    now = [m for m in written if not m.scheduled]
+    if now:
+        values = [row_values(m) for m in now]
+        if any(m.seq is not None for m in now):  # else unnamed: a schema before 0004 works
+            for value, message in zip(values, now, strict=True):
+                value["seq"] = message.seq
+        # One dict is a plain execute: the single send() of a Session, its hot path.
+        conn.execute(INSERT_MESSAGE, values[0] if len(values) == 1 else values)
+    if len(now) < len(written):
+        write_scheduled(conn, [m for m in written if m.scheduled])
     return written
+
+
+def write_scheduled(conn: Session | Connection, messages: Sequence[Message]) -> None:
+    """Insert scheduled messages, their due time computed by the database clock (one
+    statement). A msg_id already in the table (a ``dedup_key`` used before, by this
+    transaction or a committed one) writes nothing; one in a transaction still open makes
+    this wait for its end, as any insert of a duplicate key does."""
+    values = [scheduled_values(m) for m in messages]
+    dialect = _dialect(conn)
+    if dialect in ("mysql", "mariadb"):
+        statement = INSERT_SCHEDULED_MYSQL
+    else:
+        statement = INSERT_SCHEDULED_PG if dialect == "postgresql" else INSERT_SCHEDULED_SQLITE
+    conn.execute(statement, values[0] if len(values) == 1 else values)
+
+
+def scheduled_values(message: Message) -> dict[str, Any]:
+    """``row_values`` and the due time's parameters: ``at`` (a deliver_at) or ``delay_us``."""
+    values = row_values(message)
+    delay = message.delay_s
+    values["at"] = message.deliver_at
+    values["delay_us"] = None if delay is None else delay_micros(delay)
+    return values
+
+
+def delay_micros(delay_s: float) -> int:
+    """Whole microseconds, rounded up (never early); float noise (0.1 s is
+    100000.00000000001 us) is rounded away first."""
+    return math.ceil(round(delay_s * 1_000_000, 3))
+
+
+def _insert_scheduled(insert_: Any) -> Any:
+    """The scheduled rows' INSERT, built once: deliver_at is the given instant, or the
+    database's now plus the delay."""
+    due = func.coalesce(
+        bindparam("at", type_=time_type),
+        db_now_plus(bindparam("delay_us", type_=BigInteger())),
+    )
+    return insert_(outbox_message).values(deliver_at=due)
+
+
+INSERT_SCHEDULED_PG = _insert_scheduled(postgresql.insert).on_conflict_do_nothing(
+    index_elements=[outbox_message.c.msg_id]
+)
+INSERT_SCHEDULED_SQLITE = _insert_scheduled(sqlite.insert).on_conflict_do_nothing(
+    index_elements=[outbox_message.c.msg_id]
+)
+INSERT_SCHEDULED_MYSQL = _insert_scheduled(mysql.insert).on_duplicate_key_update(
+    msg_id=outbox_message.c.msg_id  # no change: the existing row stays as it is
+)
+
+CANCEL = (
+    update(outbox_message)
+    .where(
+        outbox_message.c.msg_id == bindparam("target"),
+        outbox_message.c.status == PENDING,
+        outbox_message.c.deliver_at.is_not(None),
+    )
+    .values(status=CANCELED)
+)
+
+
+def cancel(conn: Session | Connection, msg_id: str) -> bool:
+    """Cancel the pending scheduled row ``msg_id`` in ``conn``'s transaction; True iff
+    this changed it. A row locked by a publish in flight makes this wait for its end."""
+    result = cast(CursorResult[Any], conn.execute(CANCEL, {"target": uuid.UUID(msg_id)}))
+    return result.rowcount == 1
+
+
+def _dialect(conn: Session | Connection, table: Any = outbox_message) -> str:
+    bind = conn.get_bind(clause=table) if isinstance(conn, Session) else conn
+    return bind.dialect.name
 
 
 def take_seqs(conn: Session | Connection, messages: Sequence[Message]) -> list[Message]:
@@ -108,8 +196,7 @@ def add_to_last_seqs(
     seq = outbox_sequence.c
     rows = [{"topic": t, "key": k, "last_seq": n} for (t, k), n in sorted(counts.items())]
     params = rows[0] if len(rows) == 1 else rows  # one dict: a plain execute
-    bind = conn.get_bind(clause=outbox_sequence) if isinstance(conn, Session) else conn
-    dialect = bind.dialect.name
+    dialect = _dialect(conn, outbox_sequence)
     if dialect in ("mysql", "mariadb"):
         conn.execute(ADD_TO_LAST_SEQ_MYSQL, params)
         # Our own updates: visible to our consistent read whatever the isolation level.

@@ -123,6 +123,38 @@ def _db_now_mysql(element: db_now, compiler: SQLCompiler, **kw: object) -> str:
     return "(UTC_TIMESTAMP(6))"
 
 
+class db_now_plus(FunctionElement[datetime]):
+    """``db_now()`` plus a whole number of microseconds (its one argument, a BIGINT): a
+    scheduled message's due time, ``send(delay=...)`` after its INSERT by the database
+    clock. Exact to the microsecond but on SQLite, where ``db_now()`` has milliseconds:
+    the delay is rounded up to one there, so a due time is never early."""
+
+    inherit_cache = True
+    type = UtcDateTime()
+
+
+@compiles(db_now_plus, "postgresql")
+def _db_now_plus_postgresql(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
+    # An interval of microseconds only (no days): the same length in every TimeZone.
+    micros = compiler.process(element.clauses, **kw)
+    return f"(statement_timestamp() + {micros} * INTERVAL '1 microsecond')"
+
+
+@compiles(db_now_plus, "sqlite")
+def _db_now_plus_sqlite(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
+    # (us + 999) / 1000 is integer division: whole milliseconds, rounded up.
+    micros = compiler.process(element.clauses, **kw)
+    shift = f"printf('%+.3f seconds', (({micros}) + 999) / 1000 / 1000.0)"
+    return f"(strftime('%Y-%m-%d %H:%M:%f', 'now', {shift}))"
+
+
+@compiles(db_now_plus, "mysql")
+@compiles(db_now_plus, "mariadb")
+def _db_now_plus_mysql(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
+    micros = compiler.process(element.clauses, **kw)
+    return f"(UTC_TIMESTAMP(6) + INTERVAL {micros} MICROSECOND)"
+
+
 class session_now(db_now):
     """The default migrations 0001 and 0002 created, kept so that they replay as they ran:
     on MariaDB the writing session's local time. Migration 0003 moves MariaDB to UTC."""

@@ -35,6 +35,7 @@ OnCommit = Callable[[list[Message], bool], None]
 PENDING_KEY = "outbox.pending"
 OUTLOOK_KEY = "outbox.outlook"
 STAGED_KEY = "outbox.staged"
+CANCELED_KEY = "outbox.canceled"  # staged scheduled messages canceled: (transaction, msg_id)
 CERTAIN, UNCERTAIN, DOOMED = "certain", "uncertain", "doomed"
 PG_TRANSACTION_INERROR = 3  # libpq PQTRANS_INERROR: the COMMIT will be a ROLLBACK
 
@@ -73,9 +74,36 @@ def stage(session: Session, message: Message, on_commit: OnCommit) -> None:
     staged.append((current, message))
 
 
+def cancel_staged(session: Session, msg_id: str) -> bool:
+    """Cancel the staged (not yet written) scheduled message ``msg_id``: True iff one was
+    staged and not canceled before. The cancel belongs to the current (nested)
+    transaction: a savepoint rolled back undoes it, like an UPDATE."""
+    staged = session.info.get(STAGED_KEY) or []
+    if not any(m.msg_id == msg_id and m.scheduled for _, m in staged):
+        return False
+    canceled: list[tuple[SessionTransaction | None, str]]
+    canceled = session.info.setdefault(CANCELED_KEY, [])
+    if any(done == msg_id for _, done in canceled):
+        return False
+    canceled.append((session.get_nested_transaction() or session.get_transaction(), msg_id))
+    return True
+
+
+def _drop_canceled(session: Session) -> None:
+    """Take the canceled staged messages out: never written, never handed off."""
+    canceled = {msg_id for _, msg_id in session.info.pop(CANCELED_KEY, None) or []}
+    if not canceled:
+        return
+    for key in (STAGED_KEY, PENDING_KEY):
+        entries = session.info.get(key)
+        if entries:
+            entries[:] = [e for e in entries if e[1].msg_id not in canceled]
+
+
 def _before_commit(session: Session) -> None:
     if session.get_nested_transaction() is not None:
         return  # a savepoint is released: its messages are written with the outer COMMIT
+    _drop_canceled(session)
     staged = session.info.pop(STAGED_KEY, None)
     if staged:
         written = rows.write(session, [message for _, message in staged])
@@ -134,7 +162,7 @@ def _after_commit(session: Session) -> None:
 
 
 def _after_soft_rollback(session: Session, rolled_back: SessionTransaction) -> None:
-    for key in (PENDING_KEY, STAGED_KEY):
+    for key in (PENDING_KEY, STAGED_KEY, CANCELED_KEY):
         entries = session.info.get(key)
         if entries:
             entries[:] = [entry for entry in entries if not _within(entry[0], rolled_back)]
@@ -145,6 +173,7 @@ def _after_transaction_end(session: Session, ended: SessionTransaction) -> None:
         session.info.pop(PENDING_KEY, None)  # closed without commit: nothing survives it
         session.info.pop(OUTLOOK_KEY, None)
         session.info.pop(STAGED_KEY, None)
+        session.info.pop(CANCELED_KEY, None)
 
 
 def _within(trans: SessionTransaction | None, ancestor: SessionTransaction) -> bool:
