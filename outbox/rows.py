@@ -16,6 +16,7 @@ import math
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from fractions import Fraction
 from typing import Any, Protocol, cast
 
 from sqlalchemy import (
@@ -114,9 +115,10 @@ def scheduled_values(message: Message) -> dict[str, Any]:
 
 
 def delay_micros(delay_s: float) -> int:
-    """Whole microseconds, rounded up (never early); float noise (0.1 s is
-    100000.00000000001 us) is rounded away first."""
-    return math.ceil(round(delay_s * 1_000_000, 3))
+    """Whole microseconds, rounded up: never early. Exact arithmetic (a float product
+    rounds by up to half a microsecond at a century), after rounding to nanoseconds what
+    is only the float's noise (the float 0.1 is 0.1000000000000000055 s)."""
+    return math.ceil(round(Fraction(delay_s) * 1_000_000, 3))
 
 
 def _insert_scheduled(insert_: Any) -> Any:

@@ -12,7 +12,8 @@ from outbox.errors import InvalidMessage, InvalidSchedule
 from outbox.message import DEDUP_NAMESPACE, MAX_DELAY_S, build_message, check_cancel_id
 
 LIMIT = 2**20
-LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h".split()
+LEVELS = ("1s", "5s", "10s", "30s", "1m", "2m", "3m", "4m", "5m", "6m", "7m", "8m", "9m", "10m",
+          "20m", "30m", "1h", "2h")  # fmt: skip
 
 
 def build(**kw: Any) -> Any:
