@@ -18,6 +18,7 @@ from sqlalchemy import Engine, create_engine, select
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, migrate, outbox_message
+from outbox.errors import OutboxError
 from outbox.message import MAX_DELAY_S
 from outbox.table import db_now
 from relay.testing import scratch_schema
@@ -80,3 +81,46 @@ def test_a_delay_counts_from_the_insert_on_the_database_clock(
     assert wanted - Fraction(1, 1000) <= gap < wanted + unit + 1
     # created_at is the INSERT's time: between two reads of the database clock around it.
     assert before <= created_at <= after
+
+
+anything = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+    st.timedeltas(),
+    st.datetimes(),
+    st.datetimes(timezones=st.timezones()),
+    st.dates(),
+    st.builds(object),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@PROPERTY
+@given(delay=anything, deliver_at=anything, delay_level=anything, dedup_key=anything)
+def test_any_schedule_gives_a_msg_id_or_an_outbox_error(
+    engine: Engine, delay: object, deliver_at: object, delay_level: object, dedup_key: object
+) -> None:
+    """Whatever the four arguments hold: a stored row or an OutboxError, and the
+    transaction still usable; a stored row has a due time iff any of them was given."""
+    ob = Outbox(engine)
+    kw = {"delay": delay, "deliver_at": deliver_at, "delay_level": delay_level,
+          "dedup_key": dedup_key}  # fmt: skip
+    with Session(engine) as session, session.begin():
+        try:
+            msg_id: str | None = ob.send(session, "any.schedule", b"x", **kw)  # type: ignore[arg-type]
+        except OutboxError:
+            msg_id = None
+        after = ob.send(session, "after.refusal", b"ok")
+    with engine.connect() as conn:
+        query = select(t.c.msg_id, t.c.deliver_at).where(
+            t.c.msg_id.in_([uuid.UUID(m) for m in (msg_id, after) if m is not None])
+        )
+        due = {str(r.msg_id): r.deliver_at for r in conn.execute(query)}
+    assert due[after] is None
+    if msg_id is not None:
+        asked = any(v is not None for v in kw.values())
+        assert (due[msg_id] is not None) == asked
