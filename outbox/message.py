@@ -152,11 +152,16 @@ class Schedule:
     given: str = ""  # the arguments given, for error messages ("" when none)
 
 
+UNSCHEDULED = Schedule()
+
+
 def check_schedule(
     delay: object, deliver_at: object, delay_level: object, dedup_key: object
 ) -> Schedule:
     """A message with any of these is scheduled: a relay's scheduler publishes it once the
     database clock reaches its due time. ``dedup_key`` alone means due now."""
+    if delay is None and deliver_at is None and delay_level is None and dedup_key is None:
+        return UNSCHEDULED  # every unscheduled send(): no work
     times = {"delay": delay, "deliver_at": deliver_at, "delay_level": delay_level}
     named = [name for name, value in times.items() if value is not None]
     if len(named) > 1:

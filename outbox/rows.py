@@ -78,7 +78,8 @@ def write(conn: Session | Connection, messages: Sequence[Message]) -> list[Messa
     and one for the scheduled ones (``write_scheduled``). Returns the messages as
     written, with their ``seq``."""
     written = take_seqs(conn, messages)
-    now = [m for m in written if not m.scheduled]
+    scheduled = [m for m in written if m.scheduled]
+    now = [m for m in written if not m.scheduled] if scheduled else written
     if now:
         values = [row_values(m) for m in now]
         if any(m.seq is not None for m in now):  # else unnamed: a schema before 0004 works
@@ -86,8 +87,8 @@ def write(conn: Session | Connection, messages: Sequence[Message]) -> list[Messa
                 value["seq"] = message.seq
         # One dict is a plain execute: the single send() of a Session, its hot path.
         conn.execute(INSERT_MESSAGE, values[0] if len(values) == 1 else values)
-    if len(now) < len(written):
-        write_scheduled(conn, [m for m in written if m.scheduled])
+    if scheduled:
+        write_scheduled(conn, scheduled)
     return written
 
 
