@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from contextvars import ContextVar
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
+from uuid import UUID
 
 from sqlalchemy import Connection, Engine, make_url
 from sqlalchemy.exc import UnboundExecutionError
@@ -162,7 +163,8 @@ class Outbox:
         delay_level: int | None = None,
         dedup_key: str | None = None,
     ) -> str:
-        """Write one message in ``session``'s transaction and return its msg_id (UUIDv7).
+        """Write one message in ``session``'s transaction and return its msg_id (UUIDv7; with
+        a ``dedup_key``, the UUIDv5 of (topic, dedup_key)).
 
         Scheduled (docs/concepts.md, Scheduling): ``delay`` (a timedelta or seconds),
         ``deliver_at`` (an aware datetime) or ``delay_level`` (RocketMQ's 1 to 18) make the
@@ -211,15 +213,15 @@ class Outbox:
             remember(checked, written, self._on_commit)
         return message.msg_id
 
-    def cancel(self, session: Session | scoped_session[Session], msg_id: str) -> bool:
+    def cancel(self, session: Session | scoped_session[Session], msg_id: str | UUID) -> bool:
         """Cancel the scheduled message ``msg_id`` in ``session``'s transaction.
 
-        True iff this canceled it: it was scheduled (sent with delay, deliver_at,
-        delay_level or dedup_key), not yet published nor canceled, and it is this
-        transaction's to withdraw (its row, or a message this session sent and has not
-        written yet). Once the transaction commits, the message is never published; a
-        rollback undoes the cancel. An unscheduled message cannot be canceled (False: it
-        is published right after its COMMIT), nor an unknown one (False).
+        True iff this canceled it: a scheduled message (sent with delay, deliver_at,
+        delay_level or dedup_key) not yet published nor canceled, its row committed or
+        written in this transaction, or staged by this session and not yet written (an
+        AsyncSession's: then never written). Once the transaction commits, the message is
+        never published; a rollback undoes the cancel. An unscheduled message cannot be
+        canceled (False: it is published right after its COMMIT), nor an unknown one.
 
         A publish in flight holds the row's lock: the cancel waits for it to finish (at
         most the relay's publish timeout), then returns False if it went out, True if the
@@ -233,7 +235,7 @@ class Outbox:
         withdrawn = cancel_staged(checked, msg_id)
         return rows.cancel(checked, msg_id) or withdrawn
 
-    async def cancel_async(self, session: AnySession, msg_id: str) -> bool:
+    async def cancel_async(self, session: AnySession, msg_id: str | UUID) -> bool:
         """``cancel()`` for an AsyncSession: the same rules, awaited."""
         msg_id = check_cancel_id(msg_id)
         if not (aio.is_async_session(session) or aio.is_async_scoped(session)):
