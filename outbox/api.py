@@ -350,6 +350,7 @@ class Outbox:
     def _start(self, broker: str | Broker) -> None:
         from relay.runtime import Relay  # the app's one import of the relay layer
 
+        forks.first_connect(self.engine)
         relay = Relay(self.engine, broker, self.settings, self._listeners, sweeper=self.sweeper)
         relay.start()
         with self._count_lock:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 log = logging.getLogger("outbox.forks")
 
@@ -50,6 +51,23 @@ def fresh_pool(engine: Engine) -> None:
     """
     abandon(engine.pool)
     engine.dispose(close=False)
+
+
+def first_connect(engine: Engine) -> None:
+    """Connect ``engine`` once on this thread, before the relay's threads do.
+
+    SQLAlchemy sets an engine's dialect up on its first connection, marked done when it
+    begins: a child forked while another thread is in the middle of it (gunicorn
+    ``--preload`` forks right after ``start()``) gets an engine whose dialect is never set
+    up, and every statement of the child's relay fails. A database that cannot be reached
+    now is left to the relay's threads, which keep trying.
+    """
+    try:
+        with engine.connect():
+            pass
+    except SQLAlchemyError as exc:
+        log.warning("the database is not reachable yet (%s): the relay keeps trying",
+                    type(exc).__name__)  # fmt: skip
 
 
 def _in_child() -> None:
