@@ -22,7 +22,10 @@ Backlog, per topic: ``outbox_pending_messages{topic}``, ``outbox_dead_messages{t
 ``outbox_oldest_pending_age_seconds{topic}`` (since the row was due: created, requeued, or
 its retry time after a failed attempt; 0 while it waits out a backoff),
 ``outbox_blocked_keys{topic}`` (keys whose head, the lowest unsettled ordered message, is
-dead: their later messages wait for ``outbox requeue`` or ``outbox skip``), and
+dead: their later messages wait for ``outbox requeue`` or ``outbox skip``),
+``outbox_scheduled_messages{topic}`` (pending with a deliver_at still to come, by the
+database clock: not counted as pending until due), ``outbox_next_due_seconds{topic}``
+(until the earliest of them; no sample when a topic has none), and
 ``outbox_backlog_up`` (0 when the last query failed; the others are then left out).
 """
 
@@ -215,6 +218,8 @@ class BacklogRow(NamedTuple):
     oldest_age_s: float
     dead: int
     blocked_keys: int
+    scheduled: int = 0  # pending, deliver_at still to come
+    next_due_s: float | None = None  # until the earliest of them; None: none scheduled
 
 
 class Backlog(Collector):
@@ -245,7 +250,7 @@ class Backlog(Collector):
         try:
             with self.engine.connect() as conn:
                 db_now = store.db_clock(conn)
-                rows = store.backlog_by_topic(conn)
+                rows = store.backlog_by_topic(conn, db_now)
         except Exception as exc:  # a scrape must answer: the database down is a value
             if self.up:  # once per outage, not per scrape
                 log.warning("metrics: backlog query on %s failed: %s",
@@ -259,7 +264,8 @@ class Backlog(Collector):
         for row in rows:
             age = age_s(db_now, row.oldest_pending) if row.oldest_pending is not None else 0.0
             counts = (int(row.pending), age, int(row.dead), int(row.blocked_keys))
-            self.topics[row.topic] = BacklogRow(*counts)
+            due = None if row.next_due is None else (row.next_due - db_now).total_seconds()
+            self.topics[row.topic] = BacklogRow(*counts, int(row.scheduled), due)
 
 
 def age_s(now: datetime, then: datetime) -> float:
@@ -276,7 +282,7 @@ def backlog_metrics(topics: dict[str, BacklogRow], up: bool) -> list[Metric]:
     if not up:
         return families
     pending = GaugeMetricFamily(
-        "outbox_pending_messages", "Rows waiting to be published", labels=["topic"]
+        "outbox_pending_messages", "Rows due and waiting to be published", labels=["topic"]
     )
     oldest = GaugeMetricFamily(
         "outbox_oldest_pending_age_seconds",
@@ -289,12 +295,25 @@ def backlog_metrics(topics: dict[str, BacklogRow], up: bool) -> list[Metric]:
         "Keys whose next ordered message is dead: the key waits for requeue or skip",
         labels=["topic"],
     )
+    scheduled = GaugeMetricFamily(
+        "outbox_scheduled_messages",
+        "Rows whose deliver_at is still to come (not pending until due)",
+        labels=["topic"],
+    )
+    next_due = GaugeMetricFamily(
+        "outbox_next_due_seconds",
+        "Seconds until the earliest scheduled row is due (no sample: none scheduled)",
+        labels=["topic"],
+    )
     for topic, row in sorted(topics.items()):
         pending.add_metric([topic], row.pending)
         oldest.add_metric([topic], row.oldest_age_s)
         dead.add_metric([topic], row.dead)
         blocked.add_metric([topic], row.blocked_keys)
-    return [*families, pending, oldest, dead, blocked]
+        scheduled.add_metric([topic], row.scheduled)
+        if row.next_due_s is not None:
+            next_due.add_metric([topic], row.next_due_s)
+    return [*families, pending, oldest, dead, blocked, scheduled, next_due]
 
 
 def histogram(name: str, documentation: str, source: Histogram) -> HistogramMetricFamily:

@@ -32,7 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql
 
-from outbox.table import DEAD, PENDING, SENT, SKIPPED, db_now, outbox_message
+from outbox.table import CANCELED, DEAD, PENDING, SENT, SKIPPED, db_now, outbox_message
 
 t = outbox_message
 # The statuses that hold an ordered key: a message not settled yet (sent or skipped are).
@@ -460,17 +460,25 @@ def count_if(condition: Any) -> Any:
 
 
 def status_by_topic(conn: Connection, now: datetime) -> list[dict[str, Any]]:
-    """-- status -- per topic: pending, oldest pending, dead, skipped, blocked keys, sent in
-    the last minute/hour."""
+    """-- status -- per topic: pending (due by ``now``), oldest pending, dead, skipped,
+    blocked keys, scheduled and the next due time, canceled, sent in the last minute/hour.
 
+    ``now`` is the database clock (db_clock): a row is due when its deliver_at has come
+    by that clock, as the scheduler's claim judges it."""
+
+    due = and_(t.c.status == PENDING, is_due(now))
+    scheduled = and_(t.c.status == PENDING, t.c.deliver_at > now)  # not due yet
     query = (
         select(
             t.c.topic,
-            count_if(t.c.status == PENDING).label("pending"),
-            func.min(case((t.c.status == PENDING, waiting_since()))).label("oldest_pending"),
+            count_if(due).label("pending"),
+            func.min(case((due, waiting_since()))).label("oldest_pending"),
             count_if(t.c.status == DEAD).label("dead"),
             count_if(t.c.status == SKIPPED).label("skipped"),
             count_if(blocking_head()).label("blocked_keys"),
+            count_if(scheduled).label("scheduled"),
+            func.min(case((scheduled, t.c.deliver_at))).label("next_due"),
+            count_if(t.c.status == CANCELED).label("canceled"),
             count_if(and_(t.c.status == SENT, t.c.sent_at >= now - timedelta(minutes=1))).label(
                 "sent_1m"
             ),
@@ -482,6 +490,12 @@ def status_by_topic(conn: Connection, now: datetime) -> list[dict[str, Any]]:
         .order_by(t.c.topic)
     )
     return [dict(row._mapping) for row in conn.execute(query)]
+
+
+def is_due(now: datetime) -> Any:
+    """The row may go now: unscheduled, or its deliver_at has come (by the database clock
+    ``now``). A scheduled row not due yet is no backlog: it waits for its time."""
+    return or_(t.c.deliver_at.is_(None), t.c.deliver_at <= now)
 
 
 def blocking_head() -> Any:
@@ -531,22 +545,30 @@ def dead_heads(conn: Connection, limit: int) -> list[BlockedKey]:
 
 def waiting_since() -> Any:
     """When a pending row last became due: its requeue or its failed attempt's retry time
-    (``next_attempt_at``), else its creation. An age from this does not count the time
-    before a requeue, nor a backoff the relay chose (it is negative while one runs)."""
-    return func.coalesce(t.c.next_attempt_at, t.c.created_at)
+    (``next_attempt_at``), else its deliver_at for a scheduled row (a past one given at
+    send: its creation), else its creation. An age from this does not count the time
+    before a requeue or a message's schedule, nor a backoff the relay chose (it is
+    negative while one runs)."""
+    scheduled_for = case((t.c.deliver_at > t.c.created_at, t.c.deliver_at), else_=t.c.created_at)
+    return func.coalesce(t.c.next_attempt_at, scheduled_for)
 
 
-def backlog_by_topic(conn: Connection) -> list[Any]:
-    """-- backlog -- per topic with pending or dead rows: pending, oldest waiting_since
-    of the pending rows, dead, blocked keys. One query, for /metrics."""
+def backlog_by_topic(conn: Connection, now: datetime) -> list[Any]:
+    """-- backlog -- per topic with pending or dead rows: pending (due by ``now``, the
+    database clock), oldest waiting_since of those, dead, blocked keys, scheduled (not
+    due yet) and the earliest deliver_at among them. One query, for /metrics."""
 
+    due = and_(t.c.status == PENDING, is_due(now))
+    scheduled = and_(t.c.status == PENDING, t.c.deliver_at > now)  # not due yet
     query = (
         select(
             t.c.topic,
-            count_if(t.c.status == PENDING).label("pending"),
-            func.min(case((t.c.status == PENDING, waiting_since()))).label("oldest_pending"),
+            count_if(due).label("pending"),
+            func.min(case((due, waiting_since()))).label("oldest_pending"),
             count_if(t.c.status == DEAD).label("dead"),
             count_if(blocking_head()).label("blocked_keys"),
+            count_if(scheduled).label("scheduled"),
+            func.min(case((scheduled, t.c.deliver_at))).label("next_due"),
         )
         .where(t.c.status.in_((PENDING, DEAD)))  # sent rows (the retained ledger) not read
         .group_by(t.c.topic)

@@ -77,7 +77,8 @@ def add_show(commands: Commands) -> None:
     show = commands.add_parser(
         "show",
         help="print one message: status, attempts, last error, headers, payload",
-        description="Print one message's row: status, topic, key, tags, attempts, times, "
+        description="Print one message's row: status, topic, key, tags, attempts, times "
+        "(deliver_at: a scheduled message's due time), "
         "last error, headers and the start of its payload. " + HISTORY.capitalize() + ".",
         epilog="An unknown msg_id is bad usage (exit status 2). Text is printed with control "
         "characters escaped; a payload that is not UTF-8 is printed as escaped bytes "
@@ -241,7 +242,7 @@ def message_json(row: dict[str, Any]) -> dict[str, Any]:
         preview, encoding = text, "utf-8"
     else:
         preview, encoding = base64.b64encode(payload).decode(), "base64"
-    times = ("created_at", "next_attempt_at", "sent_at")
+    times = ("created_at", "deliver_at", "next_attempt_at", "sent_at")
     shown = {k: v.isoformat() if k in times and v else v for k, v in row.items()}
     del shown["id"], shown["payload"], shown["size"]
     return {
@@ -257,7 +258,7 @@ def message_json(row: dict[str, Any]) -> dict[str, Any]:
 
 def print_message(row: dict[str, Any]) -> None:
     fields = ("msg_id", "status", "topic", "key", "seq", "tags", "attempts", "created_at",
-              "next_attempt_at", "sent_at", "receipt", "last_error")  # fmt: skip
+              "deliver_at", "next_attempt_at", "sent_at", "receipt", "last_error")  # fmt: skip
     for name in fields:
         value = row[name]
         print(f"{name + ':':<16} {'-' if value is None else safe(str(value))}")

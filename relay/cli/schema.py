@@ -28,7 +28,11 @@ from relay.cli.messages import duration, safe
 from relay.cli.progress import counting
 
 BLOCKED_LISTED = 20  # blocked keys `outbox status` lists; the rest are counted
-COUNTS = ("pending", "dead", "skipped", "blocked_keys", "sent_1m", "sent_1h")
+COUNTS = ("pending", "dead", "skipped", "blocked_keys", "scheduled", "canceled", "sent_1m",
+          "sent_1h")  # fmt: skip
+# The table's columns; next_due is shown as "in 12s" (--json: an ISO time and next_due_in_s).
+HEADER = ("topic", "pending", "oldest_pending_age_s", "dead", "skipped", "blocked_keys",
+          "scheduled", "next_due", "canceled", "sent_1m", "sent_1h")  # fmt: skip
 
 
 def add_migrate(commands: Commands) -> None:
@@ -45,10 +49,13 @@ def add_migrate(commands: Commands) -> None:
 def add_status(commands: Commands) -> None:
     st = commands.add_parser(
         "status",
-        help="pending, oldest pending age, dead and recently sent, per topic; blocked keys",
+        help="pending, oldest pending age, dead, scheduled, next due and recently sent, per "
+        "topic; blocked keys",
         description="Show the outbox's state per topic, and the keys blocked by a dead "
         "ordered message (its key's later messages wait for `outbox requeue` or `outbox "
-        "skip`), oldest first. Exit status 3 when dead messages exist.",
+        "skip`), oldest first. Pending counts the messages due now; scheduled ones (their "
+        "deliver_at still to come, by the database clock) are counted apart, with the next "
+        "due time. Exit status 3 when dead messages exist.",
     )
     add_db_flag(st)
     st.add_argument("--json", action="store_true", help="machine-readable output")
@@ -117,13 +124,16 @@ def cmd_status(args: argparse.Namespace) -> int:
             blocked = store.dead_heads(conn, args.blocked_limit)
     finally:
         engine.dispose()
+    dues = [row["next_due"] for row in topics if row["next_due"] is not None]
     for row in topics:
         row.update({k: int(row[k]) for k in COUNTS})  # MariaDB's SUM is a DECIMAL
         oldest = row.pop("oldest_pending")
         row["oldest_pending_age_s"] = round(age_seconds(now, oldest), 3) if oldest else None
+        row.update(next_due_json(row.pop("next_due"), now))
     totals: dict[str, Any] = {k: sum(r[k] for r in topics) for k in COUNTS}
     ages = [r["oldest_pending_age_s"] for r in topics if r["oldest_pending_age_s"] is not None]
     totals["oldest_pending_age_s"] = max(ages) if ages else None
+    totals.update(next_due_json(min(dues, default=None), now))
     keys = [blocked_json(key, now) for key in blocked]
     more = max(0, totals["blocked_keys"] - len(keys))  # a key blocked since the list: 0
     if args.json:
@@ -134,6 +144,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         print_status(topics, totals)
         print_blocked(keys, more)
     return EXIT_DEAD if totals["dead"] else EXIT_OK
+
+
+def next_due_json(due: datetime | None, now: datetime) -> dict[str, Any]:
+    """The earliest deliver_at of a topic's scheduled messages: an ISO time, and the seconds
+    until it by the database clock (``now``)."""
+    if due is None:
+        return {"next_due": None, "next_due_in_s": None}
+    return {"next_due": due.isoformat(), "next_due_in_s": round((due - now).total_seconds(), 3)}
 
 
 def blocked_json(key: store.BlockedKey, now: datetime) -> dict[str, Any]:
@@ -155,11 +173,20 @@ def age_seconds(now: datetime, then: datetime) -> float:
 
 
 def print_status(topics: list[dict[str, Any]], totals: dict[str, Any]) -> None:
-    header = ("topic", "pending", "oldest_pending_age_s", "dead", "skipped", "blocked_keys",
-              "sent_1m", "sent_1h")  # fmt: skip
-    rows = [[str(r.get(h, "")) if r.get(h) is not None else "-" for h in header] for r in topics]
-    rows.append(["TOTAL", *[str(totals[h]) if totals[h] is not None else "-" for h in header[1:]]])
-    print_table(header, rows)
+    rows = [[safe(r["topic"]), *status_row(r, HEADER[1:])] for r in topics]
+    rows.append(["TOTAL", *status_row(totals, HEADER[1:])])
+    print_table(HEADER, rows)
+
+
+def status_row(data: dict[str, Any], columns: Sequence[str]) -> list[str]:
+    """A table row's cells: "-" for nothing, next_due as "in 12s"."""
+    cells = []
+    for name in columns:
+        value = data.get(name)
+        if name == "next_due" and value is not None:
+            value = "in " + duration(data["next_due_in_s"])
+        cells.append("-" if value is None else str(value))
+    return cells
 
 
 def print_blocked(keys: list[dict[str, Any]], more: int) -> None:

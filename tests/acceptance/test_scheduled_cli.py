@@ -1,0 +1,134 @@
+"""The operator's side of scheduled messages: `outbox status` and the backlog gauges count
+a message whose deliver_at is still to come as scheduled (with the next due time), never
+as pending; once due it is pending, aged from its due time; canceled ones are counted;
+`outbox show` prints deliver_at.
+
+Real processes against PostgreSQL, MariaDB and SQLite. Rows are planted straight into the
+table, their times set from the database's clock (no relay runs here).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from relay import store
+from relay.metrics import Backlog
+from tests.acceptance.test_failures_cli import cli
+from tests.helpers import migrated, wait_until
+from tests.integration.test_backlog_metrics import gauges
+from tests.planting import plant
+
+# How far a row planted "now" may be from the clock read at the test's start, on a
+# loaded 2-core machine (the ages asserted below allow this much).
+SLACK_S = 30.0
+
+
+@pytest.fixture
+def engine(any_db: str) -> Iterator[Engine]:
+    with migrated(any_db) as eng:
+        yield eng
+
+
+def db_now(engine: Engine) -> datetime:
+    with engine.connect() as conn:
+        return store.db_clock(conn)
+
+
+def scheduled_world(engine: Engine) -> dict[str, Any]:
+    """Topic sch.a: two scheduled rows (in 10 min and 1 h), one due 60 s ago that was
+    created 2 h ago, one canceled; topic sch.b: one plain pending row."""
+    now = db_now(engine)
+    soon, later = now + timedelta(minutes=10), now + timedelta(hours=1)
+    return {
+        "now": now,
+        "soon": soon,
+        "soon_id": plant(engine, "sch.a", deliver_at=soon),
+        "later_id": plant(engine, "sch.a", deliver_at=later),
+        "due_id": plant(engine, "sch.a", created_at=now - timedelta(hours=2),
+                        deliver_at=now - timedelta(seconds=60)),  # fmt: skip
+        "canceled_id": plant(engine, "sch.a", deliver_at=later, status="canceled"),
+        "plain_id": plant(engine, "sch.b"),
+    }
+
+
+def status_json(db: str) -> dict[str, Any]:
+    done = cli("status", "--db", db, "--json")
+    assert done.returncode == 0, done.stderr  # nothing dead
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def test_status_counts_scheduled_apart_from_pending(any_db: str, engine: Engine) -> None:
+    world = scheduled_world(engine)
+    report = status_json(any_db)
+    topics = {r["topic"]: r for r in report["topics"]}
+    a, b = topics["sch.a"], topics["sch.b"]
+    assert (a["pending"], a["scheduled"], a["canceled"], a["dead"]) == (1, 2, 1, 0)
+    # the due row waits since its deliver_at, not since its creation two hours ago
+    assert 60 <= a["oldest_pending_age_s"] < 60 + SLACK_S, a
+    assert datetime.fromisoformat(a["next_due"]) == world["soon"]
+    assert 600 - SLACK_S < a["next_due_in_s"] <= 600, a
+    assert (b["pending"], b["scheduled"], b["canceled"]) == (1, 0, 0)
+    assert (b["next_due"], b["next_due_in_s"]) == (None, None)
+    total = report["total"]
+    assert (total["pending"], total["scheduled"], total["canceled"]) == (2, 2, 1)
+    assert datetime.fromisoformat(total["next_due"]) == world["soon"]
+
+    table = cli("status", "--db", any_db).stdout.splitlines()
+    header = table[0].split()
+    assert header[6:9] == ["scheduled", "next_due", "canceled"], header
+    rows = {line.split()[0]: line.split() for line in table[1:]}
+    assert rows["sch.a"][6:10] == ["2", "in", "10m", "1"], rows["sch.a"]
+    assert rows["sch.b"][6:9] == ["0", "-", "0"], rows["sch.b"]
+    assert rows["TOTAL"][1] == "2" and rows["TOTAL"][6:10] == ["2", "in", "10m", "1"]
+
+
+def test_gauges_count_scheduled_apart_from_pending(engine: Engine) -> None:
+    scheduled_world(engine)
+    seen = gauges(Backlog(engine, cache_s=0))
+    assert seen['outbox_pending_messages{topic="sch.a"}'] == 1
+    assert seen['outbox_scheduled_messages{topic="sch.a"}'] == 2
+    assert 600 - SLACK_S < seen['outbox_next_due_seconds{topic="sch.a"}'] <= 600
+    assert 60 <= seen['outbox_oldest_pending_age_seconds{topic="sch.a"}'] < 60 + SLACK_S
+    assert seen['outbox_scheduled_messages{topic="sch.b"}'] == 0
+    assert 'outbox_next_due_seconds{topic="sch.b"}' not in seen  # none scheduled: no sample
+
+
+def test_a_scheduled_row_becomes_pending_when_its_time_comes(engine: Engine) -> None:
+    """By the database clock: the row is scheduled until its deliver_at, then pending and
+    aged from it (not from its creation, an hour before)."""
+    now = db_now(engine)
+    due_at = now + timedelta(seconds=2)
+    plant(engine, "sch.c", created_at=now - timedelta(hours=1), deliver_at=due_at)
+    backlog = Backlog(engine, cache_s=0)
+    seen = gauges(backlog)
+    if db_now(engine) < due_at:  # the machine may have been slower than 2 s
+        assert seen['outbox_scheduled_messages{topic="sch.c"}'] == 1
+        assert seen['outbox_pending_messages{topic="sch.c"}'] == 0
+    wait_until(lambda: gauges(backlog)['outbox_pending_messages{topic="sch.c"}'] == 1,
+               what="the scheduled row to come due", every=0.05)  # fmt: skip
+    seen = gauges(backlog)
+    assert seen['outbox_scheduled_messages{topic="sch.c"}'] == 0
+    assert 'outbox_next_due_seconds{topic="sch.c"}' not in seen
+    assert seen['outbox_oldest_pending_age_seconds{topic="sch.c"}'] < SLACK_S
+
+
+def test_show_prints_deliver_at(any_db: str, engine: Engine) -> None:
+    world = scheduled_world(engine)
+    done = cli("show", "--db", any_db, world["soon_id"], "--json")
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert datetime.fromisoformat(shown["deliver_at"]) == world["soon"]
+    lines = cli("show", "--db", any_db, world["soon_id"]).stdout.splitlines()
+    line = next(x for x in lines if x.startswith("deliver_at:"))
+    assert datetime.fromisoformat(line.split(None, 1)[1]) == world["soon"]
+    plain = cli("show", "--db", any_db, world["plain_id"]).stdout.splitlines()
+    assert [x.split() for x in plain if x.startswith("deliver_at:")] == [["deliver_at:", "-"]]
+    canceled = json.loads(cli("show", "--db", any_db, world["canceled_id"], "--json").stdout)
+    assert canceled["status"] == "canceled"
