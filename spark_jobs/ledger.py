@@ -14,7 +14,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 JDBC_JAR = "/usr/share/java/postgresql.jar"
-LEDGER_COLUMNS = ("id", "msg_id", "topic", "status", "created_at", "sent_at", "attempts", "receipt")
+LEDGER_COLUMNS = ("id", "msg_id", "topic", "status", "created_at", "sent_at", "attempts", "receipt",
+                  "deliver_at")  # fmt: skip
 
 
 def jdbc_url(sqlalchemy_url: str) -> tuple[str, dict[str, str]]:

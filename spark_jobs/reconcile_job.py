@@ -2,13 +2,16 @@
 
 For a window [start, end) and an SLA (default 60 s), per topic and in total:
 committed (ledger rows created in the window), delivered, pending (not at the broker
-yet but younger than the SLA at the window's end: not lost), lost, dead (given up
-by the sweeper), skipped (given up by an operator, `outbox skip`: not expected at the
-broker), duplicated (extra copies of a msg_id at the broker), phantom (at the broker in
+yet but due for less than the SLA at the window's end: not lost; a scheduled message is
+due at its deliver_at), scheduled (still pending, its deliver_at at or after the
+window's end: not expected yet), lost, dead (given up by the sweeper), skipped (given
+up by an operator, `outbox skip`: not expected at the broker), canceled (a scheduled
+message the app canceled, `Outbox.cancel`: never expected), duplicated (extra copies of a msg_id at the broker), phantom (at the broker in
 the window, with no ledger row at all), out_of_order (an ordered message whose first
 delivery came after a later message of its key, by ``Outbox-Seq``; see
 spark_jobs.ordering), malformed (ledger rows without a usable msg_id), and
-commit->broker latency p50/p90/p99/max.
+latency p50/p90/p99/max from when a message was due (its commit, or its deliver_at) to
+the broker.
 
 Runs locally (``outbox reconcile``) and unchanged under ``spark-submit
 spark_jobs/reconcile_job.py ...`` (ship the spark_jobs folder alone with ``--py-files``: it
@@ -47,10 +50,18 @@ def check_inputs(ledger: str, broker_log: str, halfop_log: str | None, out: str)
 
     Remote paths (hdfs://, s3a://) and a JDBC ledger are left to Spark to judge.
     """
-    from spark_jobs.schema import BROKER, BROKER_OPTIONAL, HALFOP_LOG, LEDGER, RECORDS
+    from spark_jobs.schema import (
+        BROKER,
+        BROKER_OPTIONAL,
+        HALFOP_LOG,
+        LEDGER,
+        LEDGER_OPTIONAL,
+        RECORDS,
+    )
 
     if not is_remote(ledger):  # also skips a postgresql:// ledger
-        require_columns("--ledger", ledger, (LEDGER if halfop_log is None else RECORDS).names)
+        schema, optional = (LEDGER, LEDGER_OPTIONAL) if halfop_log is None else (RECORDS, ())
+        require_columns("--ledger", ledger, [n for n in schema.names if n not in optional])
     if not is_remote(broker_log):
         needed = [name for name in BROKER.names if name not in BROKER_OPTIONAL]
         require_columns("--broker-log", broker_log, needed)

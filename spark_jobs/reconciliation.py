@@ -19,7 +19,8 @@ from spark_jobs import ordering
 from spark_jobs.window import Window
 
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 60000)
-KINDS = ("delivered", "pending", "lost", "dead", "skipped", "phantom", "malformed")
+KINDS = ("delivered", "pending", "scheduled", "lost", "dead", "skipped", "canceled", "phantom",
+         "malformed")  # fmt: skip
 LISTED = 20  # out-of-order deliveries report.html shows; discrepancies/ has them all
 
 
@@ -27,11 +28,15 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
     """One row per msg_id in question, with its kind and details (the discrepancies and more).
 
     One full outer join of the ledger with the broker's copies per msg_id gives both
-    the committed side (delivered, pending, lost, dead, skipped) and the phantoms. Each
+    the committed side (delivered, pending, scheduled, lost, dead, skipped, canceled)
+    and the phantoms. A scheduled message is judged from its due time (``due_at``): not
+    expected before it, so pending within the SLA after it and scheduled while it is at
+    or after the window's end, never lost for waiting; canceled ones are never expected. Each
     msg_id's first copy, in its key's lane, says whether it came out of order
     (``after_seq``, spark_jobs.ordering): judged over the whole log, so a key's earlier
     deliveries count even when they are older than the window.
     """
+    ledger = with_ledger_columns(ledger)
     valid = ledger.where(F.col("msg_id").isNotNull() & (F.length("msg_id") > 0))
     in_broker_window = (F.col("broker_ts") >= F.lit(window.start)) & (
         F.col("broker_ts") < F.lit(window.end)
@@ -58,11 +63,13 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
         .when(F.col("copies").isNotNull(), F.lit("delivered"))
         .when(F.col("status") == "dead", F.lit("dead"))
         .when(F.col("status") == "skipped", F.lit("skipped"))  # given up: not expected
-        .when(F.col("created_at") >= F.lit(window.pending_after), F.lit("pending"))
+        .when(F.col("status") == "canceled", F.lit("canceled"))  # by the app: never expected
+        .when(still_scheduled(window), F.lit("scheduled"))
+        .when(due_at() >= F.lit(window.pending_after), F.lit("pending"))
         .otherwise(F.lit("lost"))
     )
     judged = (
-        valid.select("msg_id", "topic", "status", "created_at")
+        valid.select("msg_id", "topic", "status", "created_at", "deliver_at")
         .join(copies, "msg_id", "full_outer")
         .where((in_ledger & in_window) | phantom)
         .select(
@@ -72,7 +79,7 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
             F.when(in_ledger, F.coalesce("copies", F.lit(0)))
             .otherwise(F.col("copies_in_window"))
             .alias("copies"),
-            latency_ms(F.col("first_ts"), F.col("created_at")).alias("latency_ms"),
+            latency_ms(F.col("first_ts"), due_at()).alias("latency_ms"),
             F.when(in_ledger, F.col("status")).otherwise(F.lit("no ledger row")).alias("details"),
             F.col("first.key").alias("key"),
             F.col("first.seq").alias("seq"),
@@ -86,6 +93,26 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
         malformed, "malformed", F.concat(F.lit("ledger id "), F.col("id").cast("string"))
     )
     return judged.unionByName(malformed)
+
+
+def with_ledger_columns(ledger: DataFrame) -> DataFrame:
+    """The ledger with ``deliver_at``: null where the export had none (older exports,
+    model B's records): every message then is due at its commit."""
+    if "deliver_at" not in ledger.columns:
+        ledger = ledger.withColumn("deliver_at", F.lit(None).cast("timestamp"))
+    return ledger
+
+
+def due_at() -> Column:
+    """When a message was due: its deliver_at if later than its commit, else its commit
+    (a past deliver_at given at send means now). Its latency and SLA count from here."""
+    later = F.col("deliver_at") > F.col("created_at")
+    return F.when(later, F.col("deliver_at")).otherwise(F.col("created_at"))
+
+
+def still_scheduled(window: Window) -> Column:
+    """Still pending and not due before the window's end: not expected at the broker yet."""
+    return (F.col("status") == "pending") & (F.col("deliver_at") >= F.lit(window.end))
 
 
 def labelled(frame: DataFrame, kind: str, details: Column) -> DataFrame:

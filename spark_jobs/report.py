@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = (
-    "committed", "delivered", "pending", "lost", "dead", "skipped", "duplicated", "phantom",
-    "out_of_order", "malformed",
+    "committed", "delivered", "pending", "scheduled", "lost", "dead", "skipped", "canceled",
+    "duplicated", "phantom", "out_of_order", "malformed",
     "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "latency_max_ms",
 )  # fmt: skip
 MODEL_B_COLUMNS = ("halfs", "half_writes", "ops", "checks", "unresolved", "discarded")
@@ -17,11 +17,12 @@ BAR = 'fill="#3b6ea8"'
 SVG_NS = "http://www.w3.org/2000/svg"
 TOP_PAD = 16
 KINDS = (
-    "delivered", "pending", "lost", "dead", "skipped", "duplicated", "phantom", "out_of_order",
-    "malformed",
+    "delivered", "pending", "scheduled", "lost", "dead", "skipped", "canceled", "duplicated",
+    "phantom", "out_of_order", "malformed",
 )  # fmt: skip
 # What makes a run fail (exit status 3, verdict DISCREPANCIES): data lost, invented or
-# reordered. Dead and skipped messages are the relay's and the operator's to report.
+# reordered. Dead and skipped messages are the relay's and the operator's to report;
+# scheduled (not due by the window's end) and canceled ones are not expected at all.
 ALARMS = ("lost", "phantom", "out_of_order")
 LATE_COLUMNS = ("topic", "key", "msg_id", "seq", "after_seq")
 
@@ -119,7 +120,8 @@ SLA {window.get("sla_s")} s.
 {late}
 <h2>Messages per kind</h2>
 <div id="kinds">{bar_chart("messages per kind", counts)}</div>
-<h2>Commit to broker latency (ms), delivered messages</h2>
+<h2>Due to broker latency (ms), delivered messages (due: the commit, or a scheduled
+message's deliver_at)</h2>
 <div id="latency">{bar_chart("latency histogram", [(k, float(v)) for k, v in histogram])}</div>
 </body></html>
 """

@@ -17,8 +17,11 @@ LEDGER = pa.schema(
         ("sent_at", TS),
         ("attempts", pa.int32()),
         ("receipt", pa.string()),
+        ("deliver_at", TS),  # a scheduled message's due time (database clock); null: none
     ]
 )
+# Columns a ledger exported before scheduled messages lacks: the job reads them as null.
+LEDGER_OPTIONAL = ("deliver_at",)
 
 # The broker log: one row per message the broker stores (copies included).
 BROKER = pa.schema(

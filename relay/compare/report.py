@@ -41,6 +41,8 @@ ROWS = (
     ("phantom", "phantom"),
     ("out_of_order", "out of order (per key)"),
     ("dead", "dead-lettered"),
+    ("scheduled", "scheduled (due after the window)"),
+    ("canceled", "canceled by the app"),
     ("latency_p50_ms", "commit -> broker p50 (ms)"),
     ("latency_p99_ms", "commit -> broker p99 (ms)"),
     ("broker_writes_per_message", "broker writes per committed message"),
