@@ -6,8 +6,9 @@ yet but due for less than the SLA at the window's end: not lost; a scheduled mes
 due at its deliver_at), scheduled (still pending, its deliver_at at or after the
 window's end: not expected yet), lost, dead (given up by the sweeper), skipped (given
 up by an operator, `outbox skip`: not expected at the broker), canceled (a scheduled
-message the app canceled, `Outbox.cancel`: never expected), duplicated (extra copies of a msg_id at the broker), phantom (at the broker in
-the window, with no ledger row at all), out_of_order (an ordered message whose first
+message the app canceled, `Outbox.cancel`: never expected), duplicated (extra copies
+of a msg_id at the broker), phantom (at the broker in the window, with no ledger row at
+all), out_of_order (an ordered message whose first
 delivery came after a later message of its key, by ``Outbox-Seq``; see
 spark_jobs.ordering), malformed (ledger rows without a usable msg_id), and
 latency p50/p90/p99/max from when a message was due (its commit, or its deliver_at) to

@@ -50,8 +50,12 @@ def scheduled_world(engine: Engine) -> dict[str, Any]:
         "soon": soon,
         "soon_id": plant(engine, "sch.a", deliver_at=soon),
         "later_id": plant(engine, "sch.a", deliver_at=later),
-        "due_id": plant(engine, "sch.a", created_at=now - timedelta(hours=2),
-                        deliver_at=now - timedelta(seconds=60)),  # fmt: skip
+        "due_id": plant(
+            engine,
+            "sch.a",
+            created_at=now - timedelta(hours=2),
+            deliver_at=now - timedelta(seconds=60),
+        ),
         "canceled_id": plant(engine, "sch.a", deliver_at=later, status="canceled"),
         "plain_id": plant(engine, "sch.b"),
     }
@@ -111,8 +115,11 @@ def test_a_scheduled_row_becomes_pending_when_its_time_comes(engine: Engine) -> 
     if db_now(engine) < due_at:  # the machine may have been slower than 2 s
         assert seen['outbox_scheduled_messages{topic="sch.c"}'] == 1
         assert seen['outbox_pending_messages{topic="sch.c"}'] == 0
-    wait_until(lambda: gauges(backlog)['outbox_pending_messages{topic="sch.c"}'] == 1,
-               what="the scheduled row to come due", every=0.05)  # fmt: skip
+    wait_until(
+        lambda: gauges(backlog)['outbox_pending_messages{topic="sch.c"}'] == 1,
+        what="the scheduled row to come due",
+        every=0.05,
+    )
     seen = gauges(backlog)
     assert seen['outbox_scheduled_messages{topic="sch.c"}'] == 0
     assert 'outbox_next_due_seconds{topic="sch.c"}' not in seen

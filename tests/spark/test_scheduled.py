@@ -31,8 +31,14 @@ def scheduled(msg_id: str, when: float, deliver_at: Any, status: str = "pending"
 
 
 def copy(msg_id: str, when: float) -> Row:
-    return {"msg_id": msg_id, "topic": "t.a", "seq": msg_id[1:], "broker_ts": at(when),
-            "key": None, "outbox_seq": None}  # fmt: skip
+    return {
+        "msg_id": msg_id,
+        "topic": "t.a",
+        "seq": msg_id[1:],
+        "broker_ts": at(when),
+        "key": None,
+        "outbox_seq": None,
+    }
 
 
 def kinds(out: Path) -> dict[str, str]:
@@ -53,13 +59,23 @@ def test_scheduled_canceled_and_due_messages(spark: SparkSession, tmp_path: Path
     broker = [copy("m1", 2), copy("m7", 100.5)]
     out = tmp_path / "out"
     ledger_path = write(tmp_path / "ledger.parquet", ledger, LEDGER)
-    summary = reconcile(spark, ledger_path, write(tmp_path / "b.parquet", broker, BROKER), out,
-                        WINDOW)  # fmt: skip
+    summary = reconcile(
+        spark, ledger_path, write(tmp_path / "b.parquet", broker, BROKER), out, WINDOW
+    )
     total = summary["total"]
-    counts = {k: total[k] for k in ("committed", "delivered", "scheduled", "canceled", "pending",
-                                    "lost", "phantom")}  # fmt: skip
-    assert counts == {"committed": 8, "delivered": 2, "scheduled": 2, "canceled": 1,
-                      "pending": 1, "lost": 2, "phantom": 0}  # fmt: skip
+    counts = {
+        k: total[k]
+        for k in ("committed", "delivered", "scheduled", "canceled", "pending", "lost", "phantom")
+    }
+    assert counts == {
+        "committed": 8,
+        "delivered": 2,
+        "scheduled": 2,
+        "canceled": 1,
+        "pending": 1,
+        "lost": 2,
+        "phantom": 0,
+    }
     assert summary["topics"]["t.a"]["scheduled"] == 2
     # m8 was due at its commit, 60 s in, and never came: lost like m6
     assert kinds(out) == {"m6": "lost", "m8": "lost"}
@@ -74,8 +90,9 @@ def test_a_ledger_exported_before_deliver_at_still_reconciles(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     old = pa.schema([f for f in LEDGER if f.name != "deliver_at"])
-    ledger_path = write(tmp_path / "ledger.parquet", [committed("m1"), committed("m2", 3570,
-                        "pending")], old)  # fmt: skip
+    ledger_path = write(
+        tmp_path / "ledger.parquet", [committed("m1"), committed("m2", 3570, "pending")], old
+    )
     broker_path = write(tmp_path / "b.parquet", [copy("m1", 2)], BROKER)
     check_inputs(ledger_path, broker_path, None, str(tmp_path / "out"))  # no missing column
     total = reconcile(spark, ledger_path, broker_path, tmp_path / "out", WINDOW)["total"]
@@ -99,8 +116,12 @@ def test_exported_scheduled_rows_reconcile_as_scheduled(
     ids = {
         "scheduled": plant(engine, "sch.x", deliver_at=later),
         "canceled": plant(engine, "sch.x", deliver_at=later, status="canceled"),
-        "due": plant(engine, "sch.x", created_at=now - timedelta(minutes=30),
-                     deliver_at=now - timedelta(seconds=5)),  # fmt: skip
+        "due": plant(
+            engine,
+            "sch.x",
+            created_at=now - timedelta(minutes=30),
+            deliver_at=now - timedelta(seconds=5),
+        ),
     }
     ledger_path = tmp_path / "ledger.parquet"
     assert export.export_ledger(engine, ledger_path) == 3
