@@ -4,7 +4,8 @@ as pending; once due it is pending, aged from its due time; canceled ones are co
 `outbox show` prints deliver_at.
 
 Real processes against PostgreSQL, MariaDB and SQLite. Rows are planted straight into the
-table, their times set from the database's clock (no relay runs here).
+table, their times set from the database's clock, and once written by send() and cancel()
+themselves (no relay runs here).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine
+from sqlalchemy.orm import Session
 
+from outbox import Outbox
 from relay import store
 from relay.metrics import Backlog
 from tests.acceptance.test_failures_cli import cli
@@ -139,3 +142,18 @@ def test_show_prints_deliver_at(any_db: str, engine: Engine) -> None:
     assert [x.split() for x in plain if x.startswith("deliver_at:")] == [["deliver_at:", "-"]]
     canceled = json.loads(cli("show", "--db", any_db, world["canceled_id"], "--json").stdout)
     assert canceled["status"] == "canceled"
+
+
+def test_status_counts_what_send_and_cancel_wrote(any_db: str, engine: Engine) -> None:
+    """Rows written by the API itself (deliver_at computed by the database): a delay of an
+    hour is scheduled, a deliver_at in the past is due now, a canceled one is counted."""
+    ob = Outbox(engine)
+    with Session(engine) as session, session.begin():
+        ob.send(session, "sch.api", b"x", delay=timedelta(hours=1))
+        ob.send(session, "sch.api", b"x", deliver_at=db_now(engine) - timedelta(minutes=5))
+        gone = ob.send(session, "sch.api", b"x", delay=3600)
+    with Session(engine) as session, session.begin():
+        assert ob.cancel(session, gone)
+    [topic] = status_json(any_db)["topics"]
+    assert (topic["pending"], topic["scheduled"], topic["canceled"]) == (1, 1, 1)
+    assert 3600 - SLACK_S < topic["next_due_in_s"] <= 3600, topic
