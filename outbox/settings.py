@@ -80,7 +80,7 @@ class Settings:
     backoff_cap_s: float = option(300.0, "the longest backoff")
     publish_timeout_s: float = option(10.0, "a sweep waits this long for the broker's answers")
     retention_s: float = option(3 * 24 * 3600.0, "sent rows are kept this long (the ledger)")
-    purge_batch: int = option(1000, "sent rows deleted per retention statement")
+    purge_batch: int = option(1000, "sent or canceled rows deleted per retention statement")
     connect_timeout_s: float = option(
         CONNECT_TIMEOUT_S,
         "connecting to the database gives up after this",

@@ -441,17 +441,17 @@ def record_failures_stmt() -> Update:
 
 
 def purge_sent(conn: Connection, older_than: datetime, limit: int) -> int:
-    """-- purge_sent -- delete at most ``limit`` sent rows older than ``older_than``."""
-    ids = (
-        conn.execute(
-            select(t.c.id).where(t.c.status == SENT, t.c.sent_at < older_than).limit(limit)
-        )
-        .scalars()
-        .all()
+    """-- purge_sent -- delete at most ``limit`` settled rows older than ``older_than``:
+    sent ones by ``sent_at``, canceled ones by ``created_at`` (their dedup_key is free
+    again once they are gone)."""
+    old = or_(
+        and_(t.c.status == SENT, t.c.sent_at < older_than),
+        and_(t.c.status == CANCELED, t.c.created_at < older_than),
     )
+    ids = conn.execute(select(t.c.id).where(old).limit(limit)).scalars().all()
     if not ids:
         return 0
-    return conn.execute(delete(t).where(t.c.id.in_(ids), t.c.status == SENT)).rowcount
+    return conn.execute(delete(t).where(t.c.id.in_(ids), old)).rowcount
 
 
 def count_if(condition: Any) -> Any:

@@ -30,21 +30,21 @@ OUTBOX = str(Path(sys.executable).with_name("outbox"))
 KILLED = 100
 INTERVAL_S = 1.0
 
-# The app: its relay running (the scheduler among its parts), scheduled messages hinted
-# to it as a commit hands them over, then it waits in memory until killed.
+# The app: its relay running (the scheduler among its parts), scheduled messages sent
+# with send(delay=...), then it waits in memory until killed.
 _APP = textwrap.dedent(
     """
     import random, sys
+    from sqlalchemy.orm import Session
     from outbox import Outbox
-    from tests.scheduling import schedule
     db, broker, topic, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     ob = Outbox(db, broker=broker)
     ob.start()
     rng = random.Random(4)
     for first in range(0, count, 10):
-        with ob.engine.begin() as conn:
-            messages = schedule(conn, topic, [rng.uniform(2.0, 5.0) for _ in range(10)])
-        ob._relay.submit(messages)
+        with Session(ob.engine) as session, session.begin():
+            for _ in range(10):
+                ob.send(session, topic, b"{}", delay=rng.uniform(2.0, 5.0))
     print("committed", flush=True)
     sys.stdin.read()
     """

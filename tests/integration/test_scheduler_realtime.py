@@ -1,6 +1,6 @@
-"""In real time: 10,000 scheduled messages with delays spread over 60 s, through an
-in-process relay (fast path and sweeper duties, as ``Outbox.start()`` builds it) to a
-real nats-server, on PostgreSQL: all delivered, none early.
+"""In real time: 10,000 messages sent with ``send(delay=...)``, delays spread over 60 s,
+through the app's own relay (``Outbox.start()``) to a real nats-server, on PostgreSQL:
+all delivered, none early.
 
 "Early" is judged by clocks that can be defended: JetStream's stored timestamp (the
 server's wall clock when it stored the message, before its ack) against the row's
@@ -17,13 +17,14 @@ import statistics
 import threading
 from collections.abc import Sequence
 
+from sqlalchemy.orm import Session
+
+from outbox import Outbox
 from outbox.events import Path, RelayListener, Sent
-from outbox.settings import Settings
 from relay.brokers.nats import read_stream
-from relay.runtime import Relay
 from relay.testing.embedded import NatsServer
 from tests.helpers import migrated
-from tests.scheduling import db_offset_bound_s, due_times, early, schedule_rows
+from tests.scheduling import db_offset_bound_s, due_times, early
 
 MESSAGES = 10_000
 SPREAD_S = 60.0
@@ -52,17 +53,18 @@ def test_ten_thousand_scheduled_over_a_minute_none_early(
     delays = [rng.uniform(0.5, SPREAD_S) for _ in range(MESSAGES)]
     heard = Counting(MESSAGES)
     with migrated(pg_url) as engine:
-        relay = Relay(engine, broker, Settings(), [heard])
-        relay.start()
+        ob = Outbox(engine, broker, listener=heard)
+        ob.start()
         try:
-            assert relay.wait_connected(30)
+            assert ob.relay is not None and ob.relay.wait_connected(30)
             per = MESSAGES // COMMITS
             for i in range(COMMITS):
-                messages = schedule_rows(engine, f"{prefix}.sch", delays[i * per : (i + 1) * per])
-                relay.submit(messages)  # what Outbox._on_commit does after COMMIT
+                with Session(engine) as session, session.begin():
+                    for delay in delays[i * per : (i + 1) * per]:
+                        ob.send(session, f"{prefix}.sch", b"{}", delay=delay)
             assert heard.done.wait(SPREAD_S + 120), f"published {heard.count} of {MESSAGES}"
         finally:
-            relay.stop(10)
+            ob.stop(10)
         due = due_times(engine)
         offset = db_offset_bound_s(engine)
     stored = asyncio.run(read_stream(nats_server.url, name))

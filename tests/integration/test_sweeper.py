@@ -197,25 +197,30 @@ def test_failures_back_off_and_are_not_retaken_before_due(
         assert 14 <= (next_at - now).total_seconds() <= 31  # 30 s with jitter in [0.5, 1]
 
 
-def test_retention_purges_only_old_sent_rows(engine: Engine, loops: list[BrokerLoop]) -> None:
-    ids = commit_messages(engine, 6)
+def test_retention_purges_only_old_sent_and_canceled_rows(
+    engine: Engine, loops: list[BrokerLoop]
+) -> None:
+    """Sent rows go by sent_at, canceled ones by created_at; pending and dead rows stay."""
+    ids = commit_messages(engine, 8)
+    rows = zip(
+        ids,
+        ["sent", "sent", "sent", "pending", "dead", "sent", "canceled", "canceled"],
+        [4, 4, 4, 4, 4, 1, 4, 1],
+        strict=True,
+    )
     with engine.begin() as conn:
-        for msg_id, status, age in zip(
-            ids,
-            ["sent", "sent", "sent", "pending", "dead", "sent"],
-            [4, 4, 4, 4, 4, 1],
-            strict=True,
-        ):
+        for msg_id, status, age in rows:
+            then = func.now() - text(f"interval '{age} days'")
             conn.execute(
                 update(t)
                 .where(t.c.msg_id == uuid.UUID(msg_id))
-                .values(status=status, sent_at=func.now() - text(f"interval '{age} days'"))
+                .values(status=status, created_at=then, sent_at=then if status == "sent" else None)
             )
     sweeper = Sweeper(engine, running(MemoryBroker(), loops), Settings(purge_batch=2))
-    assert sweeper.purge() == 3
+    assert sweeper.purge() == 4
     with engine.connect() as conn:
         left = {str(m) for m in conn.execute(select(t.c.msg_id)).scalars()}
-    assert left == set(ids[3:])
+    assert left == {*ids[3:6], ids[7]}
 
 
 class CountingBroker(Broker):
