@@ -10,9 +10,9 @@ Run with `python -m bench.delayed`. Per workload:
     clock is measured and printed;
   - database statements per message, counted by a ``before_cursor_execute`` listener on
     the engine: the send side (the app threads) and the relay side (its threads).
-The scheduled rows are written as ``send(delay=...)`` writes them (deliver_at = the
-database's now + the delay, in the sending transaction), 100 per transaction, and
-handed to the relay after COMMIT as ``Outbox`` does. Target (issue #25): p99 < 100 ms.
+The messages are sent with ``Outbox.send(..., delay=...)`` (deliver_at = the database's
+now + the delay), 100 per transaction, through the app's own relay (``Outbox.start()``,
+without the sweeper duty). Target (issue #25): p99 < 100 ms.
 """
 
 from __future__ import annotations
@@ -24,20 +24,17 @@ import random
 import threading
 import time
 from collections import Counter
-from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, insert, select
+from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy.orm import Session
 
 from bench.fast_path import bench_schema, paced, pct, verdict
 from bench.report import print_rows
-from outbox import migrate, outbox_message
-from outbox.message import Message, build_message
-from outbox.rows import row_values
+from outbox import Outbox, migrate, outbox_message
 from relay import store
 from relay.brokers.nats import read_stream
-from relay.runtime import Relay
 from relay.testing.embedded import NatsServer
 
 t = outbox_message
@@ -64,23 +61,16 @@ class Statements:
         return counts
 
 
-def scheduled_tx(engine: Engine, topic: str, delays: list[float]) -> list[Message]:
-    """One transaction writing scheduled rows as send(delay=...) does; their messages."""
-    born = time.monotonic()
-    with engine.begin() as conn:
-        now = store.db_clock(conn)
-        messages = [build_message(topic, {"d": d}, max_payload_bytes=1 << 20) for d in delays]
-        values = [row_values(m) | {"deliver_at": now + timedelta(seconds=d)}
-                  for m, d in zip(messages, delays, strict=True)]  # fmt: skip
-        conn.execute(insert(t), values)
-    return [replace(m, born=born, delay_s=d) for m, d in zip(messages, delays, strict=True)]
+def scheduled_tx(ob: Outbox, topic: str, delays: list[float]) -> None:
+    """One transaction of ``send(delay=...)``, one message per delay."""
+    with Session(ob.engine) as session, session.begin():
+        for delay in delays:
+            ob.send(session, topic, {"d": delay}, delay=delay)
 
 
-def unscheduled_tx(engine: Engine, topic: str) -> list[Message]:
-    with engine.begin() as conn:
-        message = build_message(topic, {}, max_payload_bytes=1 << 20)
-        conn.execute(insert(t), [row_values(message)])
-    return [message]
+def unscheduled_tx(ob: Outbox, topic: str) -> None:
+    with Session(ob.engine) as session, session.begin():
+        ob.send(session, topic, {})
 
 
 def due_by_db(engine: Engine, scheduled: bool) -> dict[str, datetime]:
@@ -106,7 +96,7 @@ def lateness_s(arrived: dict[str, datetime], due: dict[str, datetime]) -> list[f
     return [(arrived[m] - at).total_seconds() for m, at in due.items() if m in arrived]
 
 
-def wait_sent(relay: Relay, engine: Engine, expected: int, timeout: float) -> None:
+def wait_sent(engine: Engine, expected: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     with engine.connect() as conn:
         while time.monotonic() < deadline:
@@ -132,26 +122,26 @@ def main() -> None:
         migrate.upgrade(db)
         engine = create_engine(db, pool_size=8)
         counted = Statements(engine)
-        relay = Relay(engine, f"{server.url}?stream={STREAM}&subjects=bench.>", sweeper=False)
-        relay.start()
-        relay.wait_connected(30)
+        ob = Outbox(engine, f"{server.url}?stream={STREAM}&subjects=bench.>", sweeper=False)
+        ob.start()
+        assert ob.relay is not None and ob.relay.wait_connected(30)
         counted.take()
 
         def one_unscheduled(_: int) -> None:
-            relay.submit(unscheduled_tx(engine, "bench.now"))
+            unscheduled_tx(ob, "bench.now")
 
         paced(4, args.rate, args.baseline / args.rate, one_unscheduled)
-        wait_sent(relay, engine, args.baseline, 120)
+        wait_sent(engine, args.baseline, 120)
         baseline_counts = counted.take()
         started = time.monotonic()
         for first in range(0, args.messages, args.per_tx):
             n = min(args.per_tx, args.messages - first)
-            delays = [rng.uniform(args.min_delay, args.max_delay) for _ in range(n)]
-            relay.submit(scheduled_tx(engine, "bench.later", delays))
+            scheduled_tx(ob, "bench.later", [rng.uniform(args.min_delay, args.max_delay)
+                                             for _ in range(n)])  # fmt: skip
         send_s = time.monotonic() - started
-        wait_sent(relay, engine, args.baseline + args.messages, args.max_delay + 300)
+        wait_sent(engine, args.baseline + args.messages, args.max_delay + 300)
         scheduled_counts = counted.take()
-        relay.stop(10)
+        ob.stop(10)
         offset = db_offset_ms(engine)
         due_now, due_later = due_by_db(engine, False), due_by_db(engine, True)
         engine.dispose()
