@@ -225,7 +225,8 @@ class Outbox:
 
         A publish in flight holds the row's lock: the cancel waits for it to finish (at
         most the relay's publish timeout), then returns False if it went out, True if the
-        publish failed (the message is then never published). An AsyncSession takes
+        publish failed (the outbox then never publishes it; a copy whose answer never came,
+        a publish timeout, may be at the broker: docs/concepts.md). An AsyncSession takes
         ``await ob.cancel_async(session, msg_id)``.
         """
         msg_id = check_cancel_id(msg_id)
@@ -243,8 +244,10 @@ class Outbox:
         checked = self._check_session(session)
         withdrawn = cancel_staged(checked, msg_id)
         given = session() if aio.is_async_scoped(session) else session
-        changed = await given.run_sync(rows.cancel, msg_id)
-        return changed or withdrawn
+        changed = await given.run_sync(rows.cancel_written, msg_id)
+        # A staged copy of a written row (the same dedup_key) would never be written: the
+        # row's fate is the answer.
+        return withdrawn if changed is None else changed
 
     @overload
     def transactional(

@@ -160,6 +160,16 @@ def cancel(conn: Session | Connection, msg_id: str) -> bool:
     return result.rowcount == 1
 
 
+def cancel_written(conn: Session | Connection, msg_id: str) -> bool | None:
+    """``cancel`` of a written row: whether it changed it, or None when no row ``msg_id``
+    is in the table (yet)."""
+    if cancel(conn, msg_id):
+        return True
+    found = conn.execute(select(outbox_message.c.id).where(
+        outbox_message.c.msg_id == uuid.UUID(msg_id))).first()  # fmt: skip
+    return None if found is None else False
+
+
 def _dialect(conn: Session | Connection, table: Any = outbox_message) -> str:
     bind = conn.get_bind(clause=table) if isinstance(conn, Session) else conn
     return bind.dialect.name

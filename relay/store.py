@@ -586,7 +586,9 @@ def requeue_conditions(dead_only: bool, topic: str | None, msg_ids: Sequence[str
     a topic alone must not republish its whole retained ledger.
     """
     explicit = bool(msg_ids) and not dead_only
-    conditions = [t.c.status != PENDING] if explicit else [t.c.status == DEAD]
+    # Never a canceled one: its cancel promised the app it would not go out.
+    settled = [t.c.status != PENDING, t.c.status != CANCELED]
+    conditions = settled if explicit else [t.c.status == DEAD]
     if topic is not None:
         conditions.append(t.c.topic == topic)
     if msg_ids:
@@ -754,7 +756,10 @@ def unknown_ids(conn: Connection, msg_ids: Sequence[str]) -> list[str]:
 
 def pending_count(conn: Connection) -> int:
     """-- pending_count -- for progress reports."""
-    return int(conn.execute(select(func.count()).where(t.c.status == PENDING)).scalar_one())
+    return sum(  # one count per partial index (PostgreSQL, SQLite): each an index scan
+        int(conn.execute(select(func.count()).where(t.c.status == PENDING, part)).scalar_one())
+        for part in (t.c.deliver_at.is_(None), t.c.deliver_at.is_not(None))
+    )
 
 
 FAILING = "failing"  # not a status: pending rows with a failed attempt (`outbox dead`)
@@ -786,7 +791,9 @@ def failures_stmt(
     if DEAD in kinds:
         chosen.append(t.c.status == DEAD)
     if FAILING in kinds:
-        chosen.append(and_(t.c.status == PENDING, t.c.attempts > 0))
+        # Spelled per partial index (ix_..._pending, ix_..._due) so that both can serve it.
+        for part in (t.c.deliver_at.is_(None), t.c.deliver_at.is_not(None)):
+            chosen.append(and_(t.c.status == PENDING, part, t.c.attempts > 0))
     blocks = case((blocking_head(), held_behind())).label("blocks_behind")
     query = select(*(t.c[name] for name in Failure._fields[:-1]), blocks).where(or_(*chosen))
     if topic is not None:

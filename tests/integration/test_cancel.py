@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from outbox import Outbox, outbox_message
 from outbox.errors import ConfigError, InvalidMessage
 from outbox.table import db_now
+from relay import store
 from tests.flavours import Flavour, maybe
 from tests.helpers import migrated, wait_until
 from tests.locks import session_id, waits_on_lock
@@ -117,6 +118,10 @@ def test_a_cancel_after_commit_and_what_cannot_be_canceled(any_db: str) -> None:
         # A second send of a canceled dedup_key writes nothing: the key is used.
         assert send_committed(ob, engine, dedup_key="order-42") == deduped
         assert statuses(engine)[deduped] == "canceled"
+        # Nor does an operator's requeue by msg_id bring it back.
+        with engine.begin() as conn:
+            assert store.requeue(conn, False, None, [scheduled, deduped]) == 0
+        assert statuses(engine)[scheduled] == statuses(engine)[deduped] == "canceled"
 
 
 def test_a_cancel_rolled_back_leaves_the_message_scheduled(any_db: str) -> None:
@@ -127,6 +132,32 @@ def test_a_cancel_rolled_back_leaves_the_message_scheduled(any_db: str) -> None:
             assert ob.cancel(session, msg_id)
             session.rollback()
         assert statuses(engine) == {msg_id: "pending"}
+
+
+def test_a_staged_copy_of_a_sent_dedup_message_cannot_be_canceled(
+    async_flavour: Flavour,
+) -> None:
+    """The dedup_key's row went out; an AsyncSession stages the same key again (it would
+    write nothing) and cancels it: False, the row stays sent. A bug answered True."""
+    ob, engine = async_flavour.ob, async_flavour.engine
+    msg_id = send_committed(ob, engine, dedup_key="k1")
+    with engine.begin() as conn:
+        conn.execute(update(t).where(t.c.msg_id == uuid.UUID(msg_id)).values(status="sent"))
+    found: dict[str, Any] = {}
+
+    async def case() -> None:
+        session = async_flavour.session()
+        try:
+            again = ob.send(session, "reminders", b"x", dedup_key="k1")
+            found["same"] = again == msg_id
+            found["canceled"] = await ob.cancel_async(session, again)
+            await session.commit()
+        finally:
+            await session.close()
+
+    async_flavour.run(case)
+    assert found == {"same": True, "canceled": False}
+    assert statuses(engine) == {msg_id: "sent"}
 
 
 def test_a_sync_cancel_refuses_an_async_session_and_back(async_flavour: Flavour) -> None:
