@@ -67,6 +67,14 @@ def any_db(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue(fixture[request.param]))
 
 
+@pytest.fixture(params=["postgresql", "mariadb"])
+def server_db(request: pytest.FixtureRequest) -> Iterator[Engine]:
+    """A migrated engine on each database server with row locks (no SQLite)."""
+    url = str(request.getfixturevalue("pg_url" if request.param == "postgresql" else "mariadb_url"))
+    with migrated(url) as engine:
+        yield engine
+
+
 @pytest.fixture(params=["postgresql", "sqlite"])
 def db_url(request: pytest.FixtureRequest) -> str:
     """An empty database of each supported kind."""

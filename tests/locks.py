@@ -3,8 +3,15 @@ needs one statement blocked behind another waits until the server says so, not a
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.orm import Session
+
+from tests.helpers import wait_until
 
 
 def session_id(conn: Session | Connection) -> int:
@@ -26,3 +33,38 @@ def waits_on_lock(engine: Engine, session: int) -> bool:
                 " WHERE trx_mysql_thread_id = :id"
             )
         return bool(conn.execute(text(sql), {"id": session}).scalar())
+
+
+@contextmanager
+def blocked_on_lock(engine: Engine, work: Callable[[Session], object], what: str) -> Iterator[Any]:
+    """Run ``work(session)`` in its own transaction on a thread; enter once the server says
+    it waits on a lock (and it has not finished). The caller then releases the lock; on
+    leaving, the thread is joined and ``result["value"]`` holds what ``work`` returned (its
+    error is raised instead)."""
+    result: dict[str, Any] = {}
+    ready = threading.Event()
+
+    def run() -> None:
+        try:
+            with Session(engine) as session, session.begin():
+                result["session"] = session_id(session)
+                ready.set()
+                result["value"] = work(session)
+        except BaseException as exc:  # reported by the test's thread
+            result["error"] = exc
+            ready.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert ready.wait(60)
+        wait_until(
+            lambda: "error" in result or waits_on_lock(engine, result["session"]),
+            what=what,
+        )
+        assert "value" not in result and "error" not in result, result
+        yield result
+    finally:
+        thread.join(60)
+    if "error" in result:
+        raise result["error"]

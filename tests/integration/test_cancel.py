@@ -8,9 +8,7 @@ for that lock, so it sees the publish's outcome, never a row in between.
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,8 +20,8 @@ from outbox.errors import ConfigError, InvalidMessage
 from outbox.table import db_now
 from relay import store
 from tests.flavours import Flavour, maybe
-from tests.helpers import migrated, wait_until
-from tests.locks import session_id, waits_on_lock
+from tests.helpers import migrated
+from tests.locks import blocked_on_lock
 
 t = outbox_message
 
@@ -179,13 +177,6 @@ def test_a_sync_cancel_refuses_an_async_session_and_back(async_flavour: Flavour)
     async_flavour.run(case)
 
 
-@pytest.fixture(params=["postgresql", "mariadb"])
-def server_db(request: pytest.FixtureRequest) -> Iterator[Engine]:
-    url = str(request.getfixturevalue("pg_url" if request.param == "postgresql" else "mariadb_url"))
-    with migrated(url) as engine:
-        yield engine
-
-
 @pytest.mark.parametrize("outcome", ["sent", "backoff", "rollback"])
 def test_a_cancel_meeting_a_publish_in_flight_waits_for_its_outcome(
     server_db: Engine, outcome: str
@@ -196,19 +187,6 @@ def test_a_cancel_meeting_a_publish_in_flight_waits_for_its_outcome(
     True and the row is canceled, so no retry publishes it."""
     ob = Outbox(server_db)
     msg_id = send_committed(ob, server_db, delay=0)
-    result: dict[str, Any] = {}
-    ready = threading.Event()
-
-    def cancel() -> None:
-        try:
-            with Session(server_db) as session, session.begin():
-                result["session"] = session_id(session)
-                ready.set()
-                result["canceled"] = ob.cancel(session, msg_id)
-        except BaseException as exc:  # reported by the main thread
-            result["error"] = exc
-            ready.set()
-
     row = t.c.msg_id == uuid.UUID(msg_id)
     marks = {
         "sent": {"status": "sent", "sent_at": db_now()},
@@ -217,24 +195,17 @@ def test_a_cancel_meeting_a_publish_in_flight_waits_for_its_outcome(
     with server_db.connect() as publisher:
         claim = select(t.c.id).where(row, t.c.status == "pending").with_for_update()
         assert publisher.execute(claim).scalar_one()  # due: claimed
-        thread = threading.Thread(target=cancel)
-        thread.start()
-        try:
-            assert ready.wait(60)
-            wait_until(
-                lambda: "error" in result or waits_on_lock(server_db, result["session"]),
-                what="the cancel waiting on the publisher's row lock",
-            )
-            assert "canceled" not in result and "error" not in result, result
+        with blocked_on_lock(
+            server_db,
+            lambda session: ob.cancel(session, msg_id),
+            "the cancel waiting on the publisher's row lock",
+        ) as result:
             if outcome in marks:
                 publisher.execute(update(t).where(row).values(**marks[outcome]))
                 publisher.commit()
             else:
                 publisher.rollback()
-        finally:
-            thread.join(60)
-    assert "error" not in result, result
-    assert result["canceled"] is (outcome != "sent")
+    assert result["value"] is (outcome != "sent")
     assert statuses(server_db) == {msg_id: "sent" if outcome == "sent" else "canceled"}
 
 
