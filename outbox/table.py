@@ -179,6 +179,13 @@ name_type = String(255).with_variant(
 payload_type = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 time_type = UtcDateTime()
 
+
+def partial_index(name: str, columns: list[str], where: str) -> Index:
+    """An index over the rows ``where`` picks on PostgreSQL and SQLite; over every row on
+    MySQL/MariaDB, which have no partial index."""
+    return Index(name, *columns, postgresql_where=text(where), sqlite_where=text(where))
+
+
 outbox_message = Table(
     "outbox_message",
     metadata,
@@ -203,30 +210,19 @@ outbox_message = Table(
     Column("deliver_at", time_type),
     CheckConstraint(f"status IN {STATUSES!r}", name="status"),
     # What the sweeper scans by age: scheduled rows are the scheduler's (ix_..._due).
-    Index(
-        "ix_outbox_message_pending",
-        "created_at",
-        postgresql_where=text(f"status = '{PENDING}' AND deliver_at IS NULL"),
-        sqlite_where=text(f"status = '{PENDING}' AND deliver_at IS NULL"),
+    partial_index(
+        "ix_outbox_message_pending", ["created_at"], f"status = '{PENDING}' AND deliver_at IS NULL"
     ),
     # The next due scheduled row. Status first for MySQL/MariaDB (no partial index there).
-    Index(
+    partial_index(
         "ix_outbox_message_due",
-        "status",
-        "deliver_at",
-        postgresql_where=text(f"status = '{PENDING}' AND deliver_at IS NOT NULL"),
-        sqlite_where=text(f"status = '{PENDING}' AND deliver_at IS NOT NULL"),
+        ["status", "deliver_at"],
+        f"status = '{PENDING}' AND deliver_at IS NOT NULL",
     ),
     # A key's pending or dead rows by seq (its head, the rows behind it): with status
     # before seq, a look below a seq never reads the key's retained sent rows.
-    Index(
-        "ix_outbox_message_key_seq",
-        "topic",
-        "key",
-        "status",
-        "seq",
-        postgresql_where=text("seq IS NOT NULL"),
-        sqlite_where=text("seq IS NOT NULL"),
+    partial_index(
+        "ix_outbox_message_key_seq", ["topic", "key", "status", "seq"], "seq IS NOT NULL"
     ),
 )
 
