@@ -244,10 +244,7 @@ def check_dedup_key(dedup_key: object) -> str | None:
     if not isinstance(dedup_key, str) or not dedup_key:
         raise InvalidSchedule("dedup_key", "must be a non-empty string or None")
     _check_text_bytes(InvalidSchedule, "dedup_key", dedup_key)
-    if bad := BAD_VALUE_CHAR.search(dedup_key):
-        raise InvalidSchedule(
-            "dedup_key", f"must not contain control characters, got {shown(bad.group())}"
-        )
+    _check_no_control_chars(InvalidSchedule, "dedup_key", dedup_key, "it")
     return dedup_key
 
 
@@ -417,13 +414,19 @@ def check_header_name(name: object) -> str:
 def _check_header_value(
     error: type[InvalidMessage], field_name: str, value: str, what: str = "value"
 ) -> None:
+    _check_no_control_chars(error, field_name, value, what)
+    if value != value.strip():
+        raise error(field_name, f"{what} must not begin or end with whitespace (NATS strips it)")
+
+
+def _check_no_control_chars(
+    error: type[InvalidMessage], field_name: str, value: str, what: str
+) -> None:
     if bad := BAD_VALUE_CHAR.search(value):
         raise error(
             field_name,
             f"{what} must not contain control characters or surrogates, got {shown(bad.group())}",
         )
-    if value != value.strip():
-        raise error(field_name, f"{what} must not begin or end with whitespace (NATS strips it)")
 
 
 def _check_text_bytes(
