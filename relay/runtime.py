@@ -117,9 +117,11 @@ class Relay(Lifecycle):
 
         ``check`` is the fast path's (scheduled rows are claimed from the table, and a
         row whose commit did not happen is not found there)."""
-        now = [m for m in messages if not m.scheduled]
-        if len(now) < len(messages) and self.scheduler is not None:
-            self.scheduler.hint([m for m in messages if m.scheduled])
+        now, later = [], []
+        for message in messages:
+            (later if message.scheduled else now).append(message)
+        if later and self.scheduler is not None:
+            self.scheduler.hint(later)
         if not now or self.dispatcher is None:
             return 0
         return self.dispatcher.submit(now, check)

@@ -151,10 +151,10 @@ class Scheduler(Lifecycle):
 
     def hint(self, messages: Sequence[Message]) -> None:
         """Committed scheduled messages (any thread, never blocks on the database)."""
-        sooner = False
-        for message in messages:
-            sooner = self.timing.hint(self.timing.due_at(message)) or sooner
-        if sooner:
+        if not messages:
+            return
+        # Only the earliest matters: one lock round per hand-off, not one per message.
+        if self.timing.hint(min(self.timing.due_at(m) for m in messages)):
             with self._wakeup:
                 self._woken = True
                 self._wakeup.notify()
