@@ -117,7 +117,8 @@ class Relay(Lifecycle):
 
         ``check`` is the fast path's (scheduled rows are claimed from the table, and a
         row whose commit did not happen is not found there)."""
-        now, later = [], []
+        now: list[Message] = []
+        later: list[Message] = []
         for message in messages:
             (later if message.scheduled else now).append(message)
         if later and self.scheduler is not None:
