@@ -228,7 +228,7 @@ def _add_to_last_seq(insert_: Any) -> Any:
     return first.on_conflict_do_update(
         index_elements=[seq.topic, seq.key],
         set_={"last_seq": seq.last_seq + first.excluded.last_seq},
-    ).returning(seq.topic, seq.key, seq.last_seq, sort_by_parameter_order=True)
+    ).returning(seq.topic, seq.key, seq.last_seq)
 
 
 ADD_TO_LAST_SEQ_PG = _add_to_last_seq(postgresql.insert)

@@ -11,11 +11,12 @@ import threading
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, select
+from sqlalchemy import Engine, create_engine, event, select
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, outbox_message
 from outbox.errors import InvalidKey, InvalidMessage
+from outbox.rows import add_to_last_seqs
 from tests.flavours import Flavour, maybe
 from tests.helpers import migrated
 
@@ -159,3 +160,15 @@ def test_keys_that_differ_in_case_are_two_keys(any_db: str) -> None:
             ("orders", "ORDER", 1), ("orders", "Order", 1), ("orders", "Order", 2),
             ("orders", "order", 1),
         ]  # fmt: skip
+
+
+def test_the_keys_of_a_transaction_are_numbered_by_one_statement(db_url: str) -> None:
+    """One upsert for all the keys, not one per key: it runs while the keys' locks are
+    held, so every writer of those keys would wait for the extra round trips."""
+    with migrated(db_url) as engine:
+        statements: list[str] = []
+        event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+        with engine.begin() as conn:
+            last = add_to_last_seqs(conn, {("t", "a"): 1, ("t", "b"): 2, ("t", "c"): 1})
+        assert last == {("t", "a"): 1, ("t", "b"): 2, ("t", "c"): 1}
+        assert len(statements) == 1, statements
