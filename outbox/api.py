@@ -233,8 +233,7 @@ class Outbox:
         if aio.is_async_session(session) or aio.is_async_scoped(session):
             raise ConfigError("session: an AsyncSession cancels with await ob.cancel_async(...)")
         checked = self._check_session(session)
-        withdrawn = cancel_staged(checked, msg_id)
-        return rows.cancel(checked, msg_id) or withdrawn
+        return canceled(cancel_staged(checked, msg_id), rows.cancel_written(checked, msg_id))
 
     async def cancel_async(self, session: AnySession, msg_id: str | UUID) -> bool:
         """``cancel()`` for an AsyncSession: the same rules, awaited."""
@@ -244,10 +243,7 @@ class Outbox:
         checked = self._check_session(session)
         withdrawn = cancel_staged(checked, msg_id)
         given = session() if aio.is_async_scoped(session) else session
-        changed = await given.run_sync(rows.cancel_written, msg_id)
-        # A staged copy of a written row (the same dedup_key) would never be written: the
-        # row's fate is the answer.
-        return withdrawn if changed is None else changed
+        return canceled(withdrawn, await given.run_sync(rows.cancel_written, msg_id))
 
     @overload
     def transactional(
@@ -338,7 +334,11 @@ class Outbox:
         """Start the in-process relay: committed messages are published from memory.
 
         Needs ``broker``. Returns at once, even while the broker is unreachable: the
-        relay keeps connecting in the background and the sweeper covers the gap.
+        relay keeps connecting in the background and the sweeper covers the gap. It
+        connects to the database once first (a process forked later must not copy an
+        engine in the middle of its first connection): an unreachable database holds it
+        up to the engine's connect timeout (``connect_timeout_s`` for an engine the
+        outbox built), then the relay keeps trying in the background.
         In a process forked after start(), the first send() starts the child's own relay.
         """
         if self.broker is None:
@@ -450,6 +450,13 @@ class Outbox:
                 f"{url_of(self.engine)}: another table ({differs})"
             )
         return session
+
+
+def canceled(withdrawn: bool, changed: bool | None) -> bool:
+    """A cancel's answer: the written row's fate (``changed``, None when there is no row);
+    else whether a staged message was withdrawn. A staged copy of a written row (the same
+    dedup_key) would never have been written."""
+    return withdrawn if changed is None else changed
 
 
 # What the relay calls; a class need not subclass outbox.broker.Broker (whose
