@@ -254,7 +254,8 @@ def warn_overtaken(conn: Connection, ids: list[str]) -> None:
     sent and is republished) arrives after the key's later messages: say so, on stderr."""
     for row in store.overtaken(conn, ids) if ids else []:
         print(
-            f"warning: {row.msg_id} is seq {row.seq} of key {row.key!r} of topic {row.topic}, "
+            f"warning: {row.msg_id} is seq {row.seq} of key {safe(row.key)!r} of topic "
+            f"{safe(row.topic)}, "
             f"which delivered seq {row.delivered_seq} already: requeued, it arrives out of "
             "order (and `outbox reconcile` counts it so)",
             file=sys.stderr,
