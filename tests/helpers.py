@@ -26,11 +26,18 @@ def wait_until(
 
     The deadline is a safety net, not a speed bound: on a loaded 2-core machine a relay
     may take many seconds for what takes milliseconds when idle."""
-    deadline = time.monotonic() + timeout
+    if not came_within(condition, timeout, every):
+        raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+
+
+def came_within(condition: Callable[[], object], seconds: float, every: float = 0.05) -> bool:
+    """Whether ``condition`` turned true within ``seconds`` (checked every ``every`` s)."""
+    deadline = time.monotonic() + seconds
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+            return False
         time.sleep(every)
+    return True
 
 
 def workers_until(
@@ -74,12 +81,21 @@ def migrated(url: str) -> Iterator[Engine]:
 
 def unsent(db: str) -> int:
     """Rows of ``db``'s outbox not (yet) marked sent."""
+    return count_rows(db, outbox_message.c.status != "sent")
+
+
+def sent_count(db: str) -> int:
+    """Rows of ``db``'s outbox marked sent."""
+    return count_rows(db, outbox_message.c.status == "sent")
+
+
+def count_rows(db: str, condition: Any) -> int:
     engine = create_engine(db, poolclass=NullPool)
-    with engine.connect() as conn:
-        t = outbox_message
-        found = conn.execute(select(func.count()).where(t.c.status != "sent")).scalar_one()
-    engine.dispose()
-    return int(found)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(select(func.count()).where(condition)).scalar_one())
+    finally:
+        engine.dispose()
 
 
 def running(broker: Broker, loops: list[BrokerLoop]) -> BrokerLoop:

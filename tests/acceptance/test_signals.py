@@ -28,7 +28,7 @@ from bench import sweeper as bench_sweeper
 from outbox import migrate, outbox_message
 from relay.brokers.nats import read_stream
 from relay.testing.embedded import NatsServer
-from tests.helpers import wait_until
+from tests.helpers import came_within, wait_until
 
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
 ROWS = 30_000  # seconds of work even on a fast machine; the signal comes after the first batch
@@ -176,16 +176,6 @@ def frozen_mid_publish(server: NatsServer) -> Iterator[None]:
         yield
     finally:
         server.proc.send_signal(signal.SIGCONT)
-
-
-def came_within(condition: Callable[[], object], seconds: float) -> bool:
-    """Whether ``condition`` turned true within ``seconds`` (checked every 50 ms)."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def unread_bytes(port: int) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
@@ -22,7 +22,7 @@ from outbox import Outbox, migrate, outbox_message
 from relay.testing.faults import kill_app_after_commit
 from relay.testing.harness import BrokerUnderTest, broker_under_test
 from relay.testing.order import gaps, key_sequences, out_of_order
-from tests.helpers import wait_until
+from tests.helpers import sent_count, wait_until
 
 t = outbox_message
 # The sweeper takes over within about a second: a broker outage spans both paths.
@@ -37,16 +37,6 @@ THREADS, TRANSACTIONS, KEYS = 4, 40, 12
 def restartable(request: pytest.FixtureRequest) -> Iterator[BrokerUnderTest]:
     with broker_under_test(request.param, restartable=True) as h:
         yield h
-
-
-def sent_count(db: str) -> int:
-    engine = create_engine(db, poolclass=NullPool)
-    try:
-        with engine.connect() as conn:
-            query = select(func.count()).where(t.c.status == "sent")
-            return int(conn.execute(query).scalar_one())
-    finally:
-        engine.dispose()
 
 
 def assert_in_order(held: list[Any], committed: set[str], keys: int) -> None:
@@ -87,7 +77,7 @@ def test_each_broker_gets_each_key_in_commit_order_through_a_restart(
             if done == outage["down_at"]:
                 went_down.set()
             if done >= outage["up_at"]:
-                came_back.wait(60)
+                assert came_back.wait(60), "the broker came back"
 
     threads = [threading.Thread(target=app, args=(k,)) for k in range(THREADS)]
     try:

@@ -1,6 +1,7 @@
 """Scheduled messages through an app SIGKILL: an app with its in-process relay commits
-100 scheduled messages (due 2-5 s later) and is killed at once; two `outbox relay`
-workers started afterwards publish every one of them, none before its time, none twice.
+100 scheduled messages (due 10-13 s later: time to commit them all before any is due,
+however loaded the machine) and is killed at once; two `outbox relay` workers started
+afterwards publish every one of them, none before its time, none twice.
 
 Never early is judged as in test_scheduler_realtime: JetStream's stored time (the
 nats-server's wall clock) against the row's deliver_at (the database's clock), through a
@@ -16,13 +17,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
 from outbox import migrate, outbox_message
 from relay.brokers.nats import read_stream
 from relay.testing.embedded import NatsServer
-from tests.helpers import workers_until
+from tests.helpers import sent_count, workers_until
 from tests.scheduling import db_offset_bound_s, due_times, early
 
 t = outbox_message
@@ -44,7 +45,7 @@ _APP = textwrap.dedent(
     for first in range(0, count, 10):
         with Session(ob.engine) as session, session.begin():
             for _ in range(10):
-                ob.send(session, topic, b"{}", delay=rng.uniform(2.0, 5.0))
+                ob.send(session, topic, b"{}", delay=rng.uniform(10.0, 13.0))
     print("committed", flush=True)
     sys.stdin.read()
     """
@@ -62,14 +63,6 @@ def kill_app_after_scheduling(db: str, broker: str, topic: str) -> None:
     app.kill()
     _, err = app.communicate(timeout=10)
     assert line == "committed", err[-2000:]
-
-
-def sent_count(db: str) -> int:
-    engine = create_engine(db, poolclass=NullPool)
-    with engine.connect() as conn:
-        n = conn.execute(select(func.count()).where(t.c.status == "sent")).scalar_one()
-    engine.dispose()
-    return int(n)
 
 
 def test_scheduled_messages_survive_an_app_sigkill(

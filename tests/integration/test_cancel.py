@@ -22,13 +22,9 @@ from relay import store
 from tests.flavours import Flavour, maybe
 from tests.helpers import migrated
 from tests.locks import blocked_on_lock
+from tests.scheduling import statuses
 
 t = outbox_message
-
-
-def statuses(engine: Engine) -> dict[str, str]:
-    with engine.connect() as conn:
-        return {str(r.msg_id): r.status for r in conn.execute(select(t.c.msg_id, t.c.status))}
 
 
 def send_committed(ob: Outbox, engine: Engine, **kw: Any) -> str:
