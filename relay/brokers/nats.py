@@ -327,6 +327,21 @@ def create_stream(url: str, stream: str, subjects: str) -> None:
     asyncio.run(create())
 
 
+def stream_bytes(url: str, stream: str) -> int:
+    """Bytes ``stream`` stores as the server counts them (0 while it does not exist)."""
+
+    async def size() -> int:
+        nc = await connect_reader(url)
+        try:
+            return int((await nc.jetstream(timeout=5).stream_info(stream)).state.bytes)
+        except nats.js.errors.NotFoundError:
+            return 0
+        finally:
+            await nc.close()
+
+    return asyncio.run(size())
+
+
 async def read_stream(url: str, stream: str, first_seq: int = 1) -> list[StoredMessage]:
     """Every message the stream holds from ``first_seq`` on, in sequence order.
 

@@ -47,14 +47,23 @@ ROWS = (
     ("latency_p99_ms", "due -> broker p99 (ms)"),
     ("broker_writes_per_message", "broker writes per committed message"),
     ("db_statements_per_message", "DB statements per committed message (this process)"),
-    ("check_backs", "check-backs"),
+    ("check_backs", "check-backs (B)"),
+    ("check_backs_per_transaction", "check-backs per transaction (B: check requests / halfs)"),
     ("halfs", "halfs (B)"),
+    ("unresolved", "unresolved halfs (B: neither an op nor a discard at the end)"),
     ("ops", "op messages (B)"),
+    ("op_log_bytes", "op log bytes (B)"),
     ("discarded", "discarded halfs (B)"),
     ("rolled_back", "rolled back by the app"),
     ("failed", "transactions failed by a fault"),
     ("poisoned", "poison transactions offered"),
 )
+
+# Figures only model B has: model A's column says "n/a".
+ONLY_B = {
+    "check_backs", "check_backs_per_transaction", "halfs", "unresolved", "ops", "op_log_bytes",
+    "discarded",
+}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -87,6 +96,8 @@ def figures(result: RunResult, summary: dict[str, Any], broker_writes: int) -> d
     committed = max(int(total.get("committed") or 0), 1)
     return {
         **{k: total.get(k) for k, _ in ROWS if k in total},
+        **(model_b_figures(result, total) if result.model == "b" else {}),
+        "model": result.model,
         "broker_writes_per_message": broker_writes / committed,
         "db_statements_per_message": result.statements / committed,
         "check_backs": result.check_backs,
@@ -97,6 +108,23 @@ def figures(result: RunResult, summary: dict[str, Any], broker_writes: int) -> d
         "faults": {f.name: (None if f.skipped else f.settle_s) for f in result.faults},
         "skipped_faults": [f.name for f in result.faults if f.skipped],
     }
+
+
+def model_b_figures(result: RunResult, total: dict[str, Any]) -> dict[str, Any]:
+    """What only model B has beyond the reconciliation's counts."""
+    halfs = int(total.get("halfs") or 0)
+    per_transaction = round(result.check_backs / halfs, 2) if halfs else None
+    return {"check_backs_per_transaction": per_transaction, "op_log_bytes": result.op_log_bytes}
+
+
+def shown(model: dict[str, Any], key: str) -> str:
+    """A figure as the table shows it: "n/a" where the model has no such thing."""
+    if key in ONLY_B and model.get("model") != "b":
+        return "n/a"
+    value = model.get(key)
+    if key == "check_backs_per_transaction" and value is not None:
+        return f"{value:.2f}"
+    return fmt(value)
 
 
 def stored_rows(*paths: str) -> int:
@@ -151,9 +179,7 @@ def cells(*values: str) -> str:
 
 def write_html(path: Path, models: dict[str, dict[str, Any]], workload: Workload) -> None:
     a, b = models["a"], models["b"]
-    rows = "".join(
-        cells(html.escape(label), fmt(a.get(key)), fmt(b.get(key))) for key, label in ROWS
-    )
+    rows = "".join(cells(html.escape(label), shown(a, key), shown(b, key)) for key, label in ROWS)
     faults = (
         "".join(
             cells(html.escape(name), settle(a, name), settle(b, name)) for name in workload.faults
@@ -203,7 +229,7 @@ def settle(model: dict[str, Any], name: str) -> str:
 def print_table(models: dict[str, dict[str, Any]], workload: Workload) -> None:
     a, b = models["a"], models["b"]
     lines = ["| figure | model A: outbox | model B: half/op |", "|---|---|---|"]
-    lines += [f"| {label} | {fmt(a.get(k))} | {fmt(b.get(k))} |" for k, label in ROWS]
+    lines += [f"| {label} | {shown(a, k)} | {shown(b, k)} |" for k, label in ROWS]
     lines += [
         f"| settle after {n} (s) | {settle(a, n)} | {settle(b, n)} |" for n in workload.faults
     ]

@@ -52,9 +52,10 @@ from outbox import Outbox
 from outbox.engines import engine_from, with_query
 from outbox.settings import Settings, environment_of
 from outbox.table import DEAD, outbox_message, transaction_record
-from relay.brokers.nats import create_stream, read_stream
+from relay.brokers.nats import create_stream, read_stream, stream_bytes
 from relay.compare.workload import FAULTS, POISON, Workload, business, orders, place_order
 from relay.halfop import (
+    OP_TOPIC,
     Coordinator,
     CoordinatorSettings,
     LocalTransactionState,
@@ -113,6 +114,7 @@ class RunResult:
     dead: int = 0  # committed messages dead-lettered (model A)
     statements: int = 0  # DB statements issued by this process for the run
     check_backs: int = 0
+    op_log_bytes: int | None = None  # what the run added to the op stream (model B)
     faults: list[FaultRecord] = field(default_factory=list)
 
 
@@ -402,6 +404,7 @@ class ModelB(Run):
             max_payload_bytes=QUICK_OUTBOX["max_payload_bytes"],
         )
         self.coordinator = Coordinator(self.via_proxy, QUICK_COORDINATOR)
+        self.op_bytes_before = 0  # the op stream outlives a run on a broker of --broker
 
     def transaction(self, i: int) -> str:
         arg = {"sku": f"B{i}", "fail": self.w.rolls_back(i)}
@@ -431,6 +434,7 @@ class ModelB(Run):
             self.producer.drop_end_requests = False
 
     def start_parts(self) -> None:
+        self.op_bytes_before = stream_bytes(self.nats_url, OP_TOPIC)
         self.coordinator.start()
         self.producer.start()
 
@@ -438,6 +442,10 @@ class ModelB(Run):
         self.producer.stop()
         self.coordinator.stop()
         self.result.check_backs = self.coordinator.stats.check_requests
+        try:
+            self.result.op_log_bytes = stream_bytes(self.nats_url, OP_TOPIC) - self.op_bytes_before
+        except Exception:  # a figure of the report: never the run's failure
+            log.warning("model b: the op stream's size is unknown", exc_info=True)
 
     def wait_resolved(self) -> None:
         """Until every half has its op or was discarded, so that none counts as unresolved."""

@@ -257,8 +257,18 @@ def test_outbox_compare_reports_both_models_side_by_side(tmp_path: Path) -> None
     assert models["a"]["faults"]["kill"] is not None and models["b"]["faults"]["kill"] is not None
     assert models["a"]["skipped_faults"] == ["drop-ends"] and models["b"]["halfs"] >= 200
     assert models["b"]["broker_writes_per_message"] > models["a"]["broker_writes_per_message"]
+    b = models["b"]
+    assert isinstance(b["unresolved"], int) and b["op_log_bytes"] > 0
+    assert b["check_backs_per_transaction"] == round(b["check_backs"] / b["halfs"], 2) > 0
+    assert "unresolved" not in models["a"]
     page = (tmp_path / "compare.html").read_text()
     assert page.count("<svg") == 2 and "model B: half/op" in page and "n/a" in page
     assert "| lost | 0 | 0 |" in done.stdout
+    for label, value in [
+        ("unresolved halfs (B: neither an op nor a discard at the end)", b["unresolved"]),
+        ("check-backs per transaction (B: check requests / halfs)",
+         f"{b['check_backs_per_transaction']:.2f}"),
+    ]:  # fmt: skip
+        assert f"| {label} | n/a | {value} |" in done.stdout
     steps = re.findall(r"^outbox compare: (.+) \(\d+ s\)$", done.stderr, re.M)
     assert steps == COMPARE_STEPS, done.stderr  # one line per step, in order

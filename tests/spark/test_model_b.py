@@ -11,6 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
+from relay.compare.report import figures
+from relay.compare.run import RunResult
 from spark_jobs.reconciliation import reconcile
 from spark_jobs.schema import BROKER, HALFOP_LOG, RECORDS
 from spark_jobs.window import Window
@@ -88,6 +90,9 @@ def test_model_b_counts_from_records_halfs_ops_and_broker(
     }  # fmt: skip
     assert summary["topics"]["b"]["halfs"] == 1 and summary["topics"]["b"]["delivered"] == 1
     assert summary["model"] == "b" and abs(total["latency_max_ms"] - 20_010) < 1  # m2, put back
+    # `outbox compare` carries them to its table; 17 check requests over 7 halfs
+    shown = figures(RunResult("b", "REAL", T0, check_backs=17), summary, len(broker) + len(log))
+    assert (shown["unresolved"], shown["ops"], shown["check_backs_per_transaction"]) == (1, 5, 2.43)
 
     out = tmp_path / "out"
     found = spark.read.parquet(str(out / "discrepancies")).collect()
