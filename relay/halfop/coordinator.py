@@ -349,6 +349,7 @@ class Coordinator:
         """Write the half again at the end of the half stream (the base of later checks)."""
         assert self._js is not None
         headers = {**half.headers, CHECK_TIMES: str(check_times), TRAN_MSG: "true"}
+        headers.pop(DEDUP_HEADER, None)  # the producer's half id: the server would drop a copy
         ack = await self._js.publish(HALF_TOPIC, half.data, headers=headers)
         self.stats.halfs_written += 1
         return int(ack.seq), headers

@@ -4,6 +4,9 @@ A producer sends halfs to the half stream (synchronously: the JetStream ack is t
 broker's SEND_OK and its sequence is the half offset), sends end-transaction
 requests one-way, and answers check requests arriving on a queue-group subscription,
 so that exactly one live producer of a group gets each.
+
+A half carries its transaction id as ``Nats-Msg-Id``: a second attempt after a lost
+ack is dropped by the server, whose ack then names the first copy's sequence.
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ import logging
 from collections.abc import Callable
 
 import nats
+import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.api import PubAck
 
-from outbox.errors import PayloadTooLarge
-from relay.brokers.nats import too_large
+from outbox.errors import OutboxError, PayloadTooLarge
+from relay.brokers.nats import DEDUP_HEADER, PERMANENT_ERRORS, too_large
 from relay.halfop.protocol import (
     CHECK_MAX_TOPIC,
     CHECK_SUBJECT,
@@ -51,6 +56,14 @@ async def ensure_streams(js: JetStreamContext, names: list[str] | None = None) -
         except nats.js.errors.NotFoundError:
             with contextlib.suppress(nats.js.errors.BadRequestError):  # created meanwhile
                 await js.add_stream(name=name, subjects=STREAMS[name])
+
+
+def worth_retrying(exc: BaseException) -> bool:
+    """Whether sending the half again may succeed: a timeout, no connection, JetStream
+    unavailable; never bad input (too large, bad subject, a 400 from JetStream)."""
+    if isinstance(exc, (OutboxError, *PERMANENT_ERRORS, nats.js.errors.BadRequestError)):
+        return False
+    return isinstance(exc, (TimeoutError, OSError, nats.errors.Error))
 
 
 class _Connection:
@@ -89,7 +102,6 @@ class ProducerLink:
         self._on_check = on_check
         self._conn = _Connection(url, self._subscribe)
         self._loop = ConnectionLoop(self._conn, name=f"halfop-{group}")
-        self._ready: asyncio.Event | None = None
         # TransactionProducer.drop_end_requests: phase-2 end requests never leave.
         self.drop_end_requests = False
         self.ends_sent = 0
@@ -101,9 +113,19 @@ class ProducerLink:
     def stop(self, timeout: float) -> None:
         self._loop.stop(timeout)
 
-    async def _wait_connected(self) -> None:
-        while self._conn.nc is None or not self._conn.nc.is_connected:
+    async def _wait_connected(self) -> Client:
+        while (nc := self._conn.nc) is None or not nc.is_connected:
             await asyncio.sleep(0.01)
+        return nc
+
+    async def _jetstream_ready(self) -> Client:
+        while True:
+            nc = await self._wait_connected()
+            try:
+                await ensure_streams(nc.jetstream(), [HALF_TOPIC])
+                return nc
+            except (TimeoutError, nats.errors.Error):  # e.g. no responders: not up yet
+                await asyncio.sleep(0.05)
 
     async def _subscribe(self, nc: Client) -> None:
         await ensure_streams(nc.jetstream(), [HALF_TOPIC])
@@ -116,21 +138,32 @@ class ProducerLink:
         offset = int(headers.get(HALF_OFFSET, "0") or 0)
         self._on_check(message_from_half(headers, msg.data, offset))
 
-    def send_half(self, msg: TransactionMessage, timeout: float) -> int:
-        """Store the half; returns its offset. Raises when the broker did not take it."""
-        return self._loop.submit(self._send_half(msg, timeout)).result(timeout + 1)
+    def send_half(self, msg: TransactionMessage, timeout: float, retry: bool = False) -> PubAck:
+        """One attempt to store the half, within ``timeout``; raises when the broker did
+        not take it. It first waits for the connection while it is down; a ``retry``
+        also waits for JetStream to answer (just after a restart it has no responders),
+        and creates the half stream if it is gone."""
+        future = self._loop.submit(self._send_half(msg, timeout, retry))
+        try:
+            return future.result(timeout + 1)
+        except TimeoutError:
+            future.cancel()  # a stuck loop must not publish this attempt after the next one
+            raise
 
-    async def _send_half(self, msg: TransactionMessage, timeout: float) -> int:
-        nc = self._conn.nc
-        if nc is None or not nc.is_connected:
-            raise ConnectionError("not connected to NATS")
-        headers = half_headers(msg, self.group)
+    async def _send_half(self, msg: TransactionMessage, timeout: float, retry: bool) -> PubAck:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        ready = self._jetstream_ready() if retry else self._wait_connected()
+        try:
+            nc = await asyncio.wait_for(ready, timeout)
+        except TimeoutError:
+            raise ConnectionError(f"not connected to NATS JetStream within {timeout:g} s") from None
+        headers = {**half_headers(msg, self.group), DEDUP_HEADER: msg.transaction_id}
         if error := too_large(nc, msg.payload, headers):
             raise PayloadTooLarge("payload", error)  # with the headers, over the server's limit
-        ack = await nc.jetstream().publish(
-            HALF_TOPIC, msg.payload, timeout=timeout, headers=headers
+        return await nc.jetstream().publish(
+            HALF_TOPIC, msg.payload, timeout=max(deadline - loop.time(), 0.01), headers=headers
         )
-        return int(ack.seq)
 
     def end_transaction(
         self, msg: TransactionMessage, state: LocalTransactionState, check_answer: bool = False

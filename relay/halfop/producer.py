@@ -1,7 +1,8 @@
 """Model B's producer side: ``TransactionProducer`` and ``SqlTransactionListener``.
 
 The sequence of ``TransactionProducer.send_in_transaction``: the half message is sent
-synchronously (if that fails the local transaction is NOT run); then the listener's
+synchronously, retried as RocketMQ retries a failed send (if every attempt fails the
+local transaction is NOT run); then the listener's
 ``execute_local_transaction`` runs (an exception or None counts as UNKNOW); then an
 end-transaction request goes out one-way, without waiting for an answer
 (relay.halfop.protocol has the whole protocol).
@@ -21,9 +22,10 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import sessionmaker
 
 from outbox.engines import engine_from
+from outbox.errors import ConfigError
 from outbox.message import build_message
 from outbox.table import transaction_record
-from relay.halfop.link import ProducerLink
+from relay.halfop.link import ProducerLink, worth_retrying
 from relay.halfop.protocol import (
     LocalTransactionState,
     SendResult,
@@ -37,6 +39,18 @@ log = logging.getLogger("relay.halfop")
 
 class TransactionProducer:
     """RocketMQ's TransactionMQProducer over NATS JetStream.
+
+    ``retry_times_when_send_failed`` (RocketMQ's retryTimesWhenSendFailed, default 2):
+    a half send that failed for a reason another attempt may fix (a timeout, no
+    connection, JetStream unavailable) is tried again, up to that many more times;
+    bad input (e.g. PayloadTooLarge) is not. Each attempt has ``send_timeout_s``,
+    waiting in it for the connection while the link reconnects (and, for a retry, for
+    JetStream to answer), so a send that fails every time takes up to (1 + retries) x
+    ``send_timeout_s``. The halfs of all
+    attempts carry the transaction id as ``Nats-Msg-Id``: when a lost ack made the
+    producer send again, the server keeps the first copy only and acks with its offset.
+    ``half_retries`` counts the attempts after a first one; ``halfs_deduplicated`` those
+    the server already had.
 
     ``check_threads`` / ``check_queue`` size the pool that answers check requests
     (RocketMQ: 1 thread, a queue of 2,000); a full queue drops the request, and the
@@ -58,10 +72,12 @@ class TransactionProducer:
         send_timeout_s: float = 3.0,
         max_payload_bytes: int = 1024 * 1024,
         drop_end_requests: bool = False,
+        retry_times_when_send_failed: int = 2,
     ) -> None:
         self.group = group
         self.listener = listener
         self.send_timeout_s = send_timeout_s
+        self.retry_times_when_send_failed = retry_count(retry_times_when_send_failed)
         self.max_payload_bytes = max_payload_bytes
         self._link = ProducerLink(broker, group, self._on_check)
         self.drop_end_requests = drop_end_requests
@@ -71,6 +87,9 @@ class TransactionProducer:
         self._check_threads = check_threads
         self.checks_answered = 0
         self.checks_dropped = 0
+        self.half_retries = 0
+        self.halfs_deduplicated = 0
+        self._counting = threading.Lock()  # sends may come from many threads
 
     @property
     def drop_end_requests(self) -> bool:
@@ -121,7 +140,7 @@ class TransactionProducer:
             built, transaction_id=str(uuid.uuid4()), born_timestamp_ms=int(time.time() * 1000)
         )
         try:
-            offset = self._link.send_half(msg, self.send_timeout_s)
+            offset = self._store_half(msg)
         except Exception as exc:
             log.warning("half send of %s failed: %r", msg.msg_id, exc)
             return SendResult(
@@ -132,6 +151,25 @@ class TransactionProducer:
         state = self._run_local(msg, arg)
         self._link.end_transaction(msg, state)  # one-way: no answer awaited
         return SendResult(SendStatus.SEND_OK, msg.msg_id, msg.transaction_id, offset, state)
+
+    def _store_half(self, msg: TransactionMessage) -> int:
+        """The half's offset, after at most 1 + retry_times_when_send_failed attempts."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                ack = self._link.send_half(msg, self.send_timeout_s, retry=attempt > 1)
+            except Exception as exc:
+                if attempt > self.retry_times_when_send_failed or not worth_retrying(exc):
+                    raise
+                log.info("half send of %s failed (%r); sending again", msg.msg_id, exc)
+                with self._counting:
+                    self.half_retries += 1
+                continue
+            if ack.duplicate:  # an earlier attempt was stored, its ack lost
+                with self._counting:
+                    self.halfs_deduplicated += 1
+            return int(ack.seq)
 
     def _run_local(self, msg: TransactionMessage, arg: Any) -> LocalTransactionState:
         try:
@@ -165,6 +203,14 @@ class TransactionProducer:
             self.checks_answered += 1
         finally:
             self._check_slots.release()
+
+
+def retry_count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(
+            f"retry_times_when_send_failed: must be a whole number >= 0, got {value!r}"
+        )
+    return value
 
 
 class SqlTransactionListener(TransactionListener):

@@ -4,7 +4,9 @@
 target. ``stop()`` closes the listener and every forwarded connection (to the client
 the broker is gone); ``start()`` listens again on the same port (it came back);
 ``dropping = True`` swallows traffic both ways on open connections (acks silently
-lost) until it is set back and the connections are cut (as a middlebox would).
+lost) until it is set back and the connections are cut (as a middlebox would);
+``dropping_replies = True`` swallows only the server's side (what the client sends
+still arrives: stored, but never acked).
 
 ``FaultyBroker(inner, faults)`` wraps any Broker and makes chosen messages fail in
 the per-message path, for unit tests of the relay logic; ``stall_s`` makes each
@@ -105,6 +107,7 @@ class TcpProxy:
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
         self.dropping = False
+        self.dropping_replies = False
 
     def start(self) -> TcpProxy:
         listener = socket.socket()
@@ -152,13 +155,13 @@ class TcpProxy:
             upstream.settimeout(None)
             with self._lock:
                 self._sockets |= {client, upstream}
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            for src, dst, reply in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pump, args=(src, dst, reply), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, reply: bool) -> None:
         try:
             while data := src.recv(65536):
-                if not self.dropping:
+                if not (self.dropping or (reply and self.dropping_replies)):
                     dst.sendall(data)
         except OSError:
             pass

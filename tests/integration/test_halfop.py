@@ -285,6 +285,7 @@ def test_failed_half_send_does_not_run_the_local_transaction(
         return COMMIT
 
     p = producer(nats_server.url, Scripted(execute, COMMIT), producers)
+    p.send_timeout_s = 0.5  # each of the three attempts waits this long for the server
     nats_server.stop()
     result = p.send_in_transaction("t.orders", b"x")
     assert result.send_status is SendStatus.SEND_FAILED and result.half_offset is None
