@@ -48,6 +48,7 @@ class ConnectionLoop(Lifecycle):
         self._ready = threading.Event()
         self._connected = threading.Event()
         self._done: asyncio.Event | None = None
+        self._connecting: asyncio.Task[None] | None = None
         # One per broker, shared by all that publish through this loop (the sweeper too)
         # and by the adapter's own reconnects when it tracks them (NATS does).
         self.outage: Outage = getattr(connection, "outage", None) or Outage("broker", log)
@@ -66,6 +67,16 @@ class ConnectionLoop(Lifecycle):
         """Run ``coro`` on the loop from any thread (a RuntimeError once it has closed)."""
         assert self.loop is not None, "start() first"
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def reconnect(self) -> None:
+        """Connect again in the background, as at start: for a connection its client gave
+        up on for good. Call it on the loop; nothing happens while a connect runs, or once
+        stopping."""
+        if self._done is None or self._done.is_set():
+            return
+        if self._connecting is not None and not self._connecting.done():
+            return
+        self._connecting = asyncio.get_running_loop().create_task(self._connect())
 
     def _stop(self, timeout: float) -> bool:
         """Close the broker connection and end the thread (within ``timeout``, plus a
@@ -93,10 +104,10 @@ class ConnectionLoop(Lifecycle):
         self._done = asyncio.Event()
         self.loop = asyncio.get_running_loop()
         self._ready.set()
-        connecting = asyncio.create_task(self._connect())
+        self._connecting = asyncio.create_task(self._connect())
         await self._done.wait()
-        connecting.cancel()
-        await asyncio.gather(connecting, return_exceptions=True)
+        self._connecting.cancel()
+        await asyncio.gather(self._connecting, return_exceptions=True)
         await self._cancel_others()
         try:
             await self.connection.close()

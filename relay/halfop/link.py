@@ -6,7 +6,10 @@ requests one-way, and answers check requests arriving on a queue-group subscript
 so that exactly one live producer of a group gets each.
 
 A half carries its transaction id as ``Nats-Msg-Id``: a second attempt after a lost
-ack is dropped by the server, whose ack then names the first copy's sequence.
+ack is dropped by the server, whose ack then names the first copy's sequence. The
+link survives the server closing its connection for good (nats-py gives up after some
+``-ERR``s, e.g. a maximum payload violation): it connects again, subscribes again and
+ensures the half stream, as at start.
 """
 
 from __future__ import annotations
@@ -67,16 +70,29 @@ def worth_retrying(exc: BaseException) -> bool:
 
 
 class _Connection:
-    """Holds the NATS connection on a ConnectionLoop; the link publishes through ``nc``."""
+    """Holds the NATS connection on a ConnectionLoop; the link publishes through ``nc``.
 
-    def __init__(self, url: str, on_connect: Callable[[Client], object]) -> None:
+    ``on_lost(error)`` runs (on the loop) when the client closed the connection for good
+    by itself, not by ``close()``."""
+
+    def __init__(
+        self,
+        url: str,
+        on_connect: Callable[[Client], object],
+        on_lost: Callable[[Exception | None], None],
+    ) -> None:
         self.url = url
         self.nc: Client | None = None
         self._on_connect = on_connect
+        self._on_lost = on_lost
+        self._closing = False
 
     async def connect(self) -> None:
         nc = await nats.connect(
-            servers=[self.url], reconnect_time_wait=0.2, max_reconnect_attempts=-1
+            servers=[self.url],
+            reconnect_time_wait=0.2,
+            max_reconnect_attempts=-1,
+            closed_cb=self._closed,
         )
         try:
             result = self._on_connect(nc)
@@ -88,7 +104,14 @@ class _Connection:
         # Only now: start() waits for nc, and the half stream must exist by then.
         self.nc = nc
 
+    async def _closed(self) -> None:
+        # Every client's closed_cb lands here: act only when the current one closed.
+        nc = self.nc
+        if nc is not None and nc.is_closed and not self._closing:
+            self._on_lost(nc.last_error)
+
     async def close(self) -> None:
+        self._closing = True
         nc, self.nc = self.nc, None
         if nc is not None and not nc.is_closed:
             await nc.close()
@@ -100,11 +123,12 @@ class ProducerLink:
     ) -> None:
         self.group = group
         self._on_check = on_check
-        self._conn = _Connection(url, self._subscribe)
+        self._conn = _Connection(url, self._subscribe, self._lost)
         self._loop = ConnectionLoop(self._conn, name=f"halfop-{group}")
         # TransactionProducer.drop_end_requests: phase-2 end requests never leave.
         self.drop_end_requests = False
         self.ends_sent = 0
+        self.reconnects = 0  # new connections after the client gave one up
 
     def start(self, timeout: float) -> None:
         self._loop.start()
@@ -126,6 +150,11 @@ class ProducerLink:
                 return nc
             except (TimeoutError, nats.errors.Error):  # e.g. no responders: not up yet
                 await asyncio.sleep(0.05)
+
+    def _lost(self, error: Exception | None) -> None:
+        self.reconnects += 1
+        self._loop.outage.failed(f"connection closed by the client ({error!r}); connecting anew")
+        self._loop.reconnect()
 
     async def _subscribe(self, nc: Client) -> None:
         await ensure_streams(nc.jetstream(), [HALF_TOPIC])

@@ -50,7 +50,8 @@ class TransactionProducer:
     attempts carry the transaction id as ``Nats-Msg-Id``: when a lost ack made the
     producer send again, the server keeps the first copy only and acks with its offset.
     ``half_retries`` counts the attempts after a first one; ``halfs_deduplicated`` those
-    the server already had.
+    the server already had; ``reconnects`` the times the link connected anew after the
+    server closed its connection (the link always comes back, check subscription too).
 
     ``check_threads`` / ``check_queue`` size the pool that answers check requests
     (RocketMQ: 1 thread, a queue of 2,000); a full queue drops the request, and the
@@ -103,6 +104,11 @@ class TransactionProducer:
     def ends_sent(self) -> int:
         """End-transaction requests (and check answers) sent so far."""
         return self._link.ends_sent
+
+    @property
+    def reconnects(self) -> int:
+        """New connections after the server closed the link's connection for good."""
+        return self._link.reconnects
 
     def start(self, timeout: float = 10.0) -> None:
         # Fresh slots each start: answers cancelled by a stop never gave theirs back.

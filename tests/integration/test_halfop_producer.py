@@ -1,5 +1,5 @@
 """Model B's producer on a real nats-server: half-send retries, the idempotent half, and
-sends across a server restart."""
+the link coming back after the server closed its connection or restarted."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from nats.aio.client import Client
 
 from outbox.errors import ConfigError
 from relay.brokers.nats import DEDUP_HEADER, create_stream, read_stream
@@ -172,7 +173,7 @@ def test_payload_too_large_for_the_server_is_not_retried(
     assert result.send_status is SendStatus.SEND_FAILED and "PayloadTooLarge" in (
         result.error or ""
     )
-    assert p.half_retries == 0 and listener.ran == {}
+    assert p.half_retries == 0 and listener.ran == {} and p.reconnects == 0
     assert p.send_in_transaction("t.orders", b"small").send_status is SendStatus.SEND_OK
 
 
@@ -189,6 +190,36 @@ def test_the_local_transaction_does_not_run_when_every_attempt_failed(
     assert result.send_status is SendStatus.SEND_FAILED and result.half_offset is None
     assert result.local_state is ROLLBACK and "not connected" in (result.error or "")
     assert p.half_retries == 2 and listener.ran == {}
+
+
+async def _over_max_payload(nc: Client) -> None:
+    """A raw publish over the server's max_payload, past the client's own check: the
+    server answers -ERR 'Maximum Payload Violation' and nats-py closes for good."""
+    nc._max_payload = nc.max_payload * 4
+    await nc.publish("t.too.big", b"x" * (nc.max_payload // 4 + 1))
+
+
+def test_the_link_comes_back_after_the_server_closed_it(
+    nats_server: NatsServer,
+    stream: tuple[str, str],
+    coordinator: Coordinator,
+    producers: list[TransactionProducer],
+) -> None:
+    name, prefix = stream
+    create_stream(nats_server.url, name, f"{prefix}.>")
+    listener = Recording(execute=UNKNOW)  # settled only by a check answer
+    p = started(nats_server.url, listener, producers)
+    nc = p._link._conn.nc
+    assert nc is not None
+    p._link._loop.submit(_over_max_payload(nc)).result(10)
+    wait_until(lambda: nc.is_closed, what="the server closing the link's connection")
+    result = p.send_in_transaction(f"{prefix}.orders", b"x")
+    assert result.send_status is SendStatus.SEND_OK and p.reconnects == 1
+    wait_until(
+        lambda: [m.msg_id for m in stored(nats_server, name)] == [result.msg_id],
+        what="delivery by a check answer on the new connection",
+    )
+    assert listener.checks >= 1
 
 
 def test_a_server_restart_during_sends_loses_nothing(
