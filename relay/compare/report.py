@@ -49,6 +49,7 @@ ROWS = (
     ("db_statements_per_message", "DB statements per committed message (this process)"),
     ("check_backs", "check-backs (B)"),
     ("check_backs_per_transaction", "check-backs per transaction (B: check requests / halfs)"),
+    ("half_retries", "half sends retried (B)"),
     ("halfs", "halfs (B)"),
     ("unresolved", "unresolved halfs (B: neither an op nor a discard at the end)"),
     ("ops", "op messages (B)"),
@@ -61,8 +62,8 @@ ROWS = (
 
 # Figures only model B has: model A's column says "n/a".
 ONLY_B = {
-    "check_backs", "check_backs_per_transaction", "halfs", "unresolved", "ops", "op_log_bytes",
-    "discarded",
+    "check_backs", "check_backs_per_transaction", "half_retries", "halfs", "unresolved", "ops",
+    "op_log_bytes", "discarded",
 }  # fmt: skip
 
 
@@ -114,7 +115,11 @@ def model_b_figures(result: RunResult, total: dict[str, Any]) -> dict[str, Any]:
     """What only model B has beyond the reconciliation's counts."""
     halfs = int(total.get("halfs") or 0)
     per_transaction = round(result.check_backs / halfs, 2) if halfs else None
-    return {"check_backs_per_transaction": per_transaction, "op_log_bytes": result.op_log_bytes}
+    return {
+        "check_backs_per_transaction": per_transaction,
+        "op_log_bytes": result.op_log_bytes,
+        "half_retries": result.half_retries,
+    }
 
 
 def shown(model: dict[str, Any], key: str) -> str:

@@ -115,6 +115,7 @@ class RunResult:
     statements: int = 0  # DB statements issued by this process for the run
     check_backs: int = 0
     op_log_bytes: int | None = None  # what the run added to the op stream (model B)
+    half_retries: int = 0  # model B: half sends attempted again
     faults: list[FaultRecord] = field(default_factory=list)
 
 
@@ -402,6 +403,7 @@ class ModelB(Run):
             broker=self.via_proxy,
             listener=listener,
             max_payload_bytes=QUICK_OUTBOX["max_payload_bytes"],
+            retry_times_when_send_failed=w.retry_times_when_send_failed,
         )
         self.coordinator = Coordinator(self.via_proxy, QUICK_COORDINATOR)
         self.op_bytes_before = 0  # the op stream outlives a run on a broker of --broker
@@ -442,6 +444,7 @@ class ModelB(Run):
         self.producer.stop()
         self.coordinator.stop()
         self.result.check_backs = self.coordinator.stats.check_requests
+        self.result.half_retries = self.producer.half_retries
         try:
             self.result.op_log_bytes = stream_bytes(self.nats_url, OP_TOPIC) - self.op_bytes_before
         except Exception:  # a figure of the report: never the run's failure

@@ -37,6 +37,7 @@ class Workload:
     faults: tuple[str, ...] = ()
     fault_s: float = 3.0
     seed: int = 7
+    retry_times_when_send_failed: int = 2  # model B's producer (RocketMQ's default)
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.faults if f not in FAULTS]
