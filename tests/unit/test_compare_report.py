@@ -20,7 +20,7 @@ def summary(**total: int) -> dict[str, object]:
 
 def both_models() -> dict[str, dict[str, object]]:
     a = RunResult("a", "CMP_A", T0, statements=300)
-    b = RunResult("b", "CMP_B", T0, check_backs=37, op_log_bytes=20_480)
+    b = RunResult("b", "CMP_B", T0, check_backs=37, op_log_bytes=20_480, half_retries=4)
     counts = {"halfs": 30, "ops": 28, "unresolved": 2, "discarded": 0, "checks": 37}
     return {
         "a": report.figures(a, summary(), 100),
@@ -33,7 +33,10 @@ def test_model_b_figures_are_carried_from_the_reconciliation_and_the_run() -> No
     b = models["b"]
     assert (b["unresolved"], b["ops"], b["op_log_bytes"]) == (2, 28, 20_480)
     assert b["check_backs_per_transaction"] == 1.23  # 37 check requests / 30 halfs
-    assert not {"unresolved", "check_backs_per_transaction", "op_log_bytes"} & set(models["a"])
+    assert b["half_retries"] == 4
+    assert not {"unresolved", "check_backs_per_transaction", "op_log_bytes", "half_retries"} & set(
+        models["a"]
+    )
 
 
 def test_the_terminal_table_shows_them_and_n_a_for_model_a(
@@ -47,6 +50,7 @@ def test_the_terminal_table_shows_them_and_n_a_for_model_a(
         "| unresolved halfs (B: neither an op nor a discard at the end) | n/a | 2 |",
         "| op messages (B) | n/a | 28 |",
         "| op log bytes (B) | n/a | 20480 |",
+        "| half sends retried (B) | n/a | 4 |",
         "| lost | - | - |",  # not in these summaries: "-", not "n/a"
     ]
     assert set(expected) <= set(lines), lines
