@@ -299,15 +299,21 @@ def api_error(error: dict[str, Any]) -> PublishResult:
     raise AssertionError("APIError.from_error returned")
 
 
-def too_large(nc: Client, payload: bytes, headers: dict[str, str]) -> str | None:
+def too_large(nc: Client, payload: bytes, headers: dict[str, str], headroom: int = 0) -> str | None:
     """Why the server would refuse this message for its size, or None.
 
     Sent anyway, the server closes the connection and every publish in flight on it
-    fails: so an oversize message is refused before it is sent, alone.
+    fails: so an oversize message is refused before it is sent, alone. ``headroom``:
+    bytes to leave free under the limit (for headers added to later copies of it).
     """
     size = len(payload) + header_size(headers)
-    if size <= nc.max_payload:
+    if size + headroom <= nc.max_payload:
         return None
+    if headroom:
+        return (
+            f"MaxPayloadError: {size} bytes + {headroom} of headroom "
+            f"> server max_payload {nc.max_payload}"
+        )
     return f"MaxPayloadError: {size} bytes > server max_payload {nc.max_payload}"
 
 

@@ -43,6 +43,12 @@ def add_coordinator(commands: Commands) -> None:
     coord.add_argument(
         "--check-max", type=positive_int, default=15, help="checks before discard (default 15)"
     )
+    coord.add_argument(
+        "--max-round",
+        type=float,
+        default=60.0,
+        help="seconds a check round may run; the next resumes where it stopped (default 60)",
+    )
 
 
 def add_compare(commands: Commands) -> None:
@@ -65,6 +71,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         check_interval_s=args.check_interval,
         transaction_timeout_s=args.transaction_timeout,
         check_max=args.check_max,
+        max_round_s=args.max_round,
     )
     coordinator = Coordinator(args.broker, settings)
     coordinator.start()

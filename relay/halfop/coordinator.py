@@ -4,17 +4,24 @@ RocketMQ keeps this inside its broker; here it is a process (``outbox coordinato
 over JetStream streams that stand in for the commit log. Messages are never changed
 in place: an op message (tag ``d``, body = half offset) is how a half is marked done.
 
-End transaction: COMMIT rebuilds the real message from the half (real topic, the
-app's headers, msg_id as ``Nats-Msg-Id``), publishes it, then writes the op;
-ROLLBACK writes only the op; UNKNOW does nothing (check-back will ask).
+End transaction: the request must match its half (producer group, transaction id,
+msg id: RocketMQ's checkPrepareMessage), else it is refused. COMMIT rebuilds the real
+message from the half (real topic, the app's headers, msg_id as ``Nats-Msg-Id``),
+publishes it, then writes the op; ROLLBACK writes only the op; UNKNOW does nothing
+(check-back will ask).
 
-Check service, every ``check_interval_s``: build a removeMap from op messages read 32
-at a time; walk the halfs from the half consume offset; skip removed ones; discard
-those checked ``check_max`` times or older than ``file_reserved_time_s`` into
-TRANS_CHECK_MAX_TIME_TOPIC; stop at the first one younger than its immunity time
-(``transaction_timeout_s`` or CHECK_IMMUNITY_TIME); put the others back at the end of
-the half stream with their check count raised, and ask one producer of the group.
-Consume offsets live in a KV bucket, so a restarted coordinator resumes.
+Check service, every ``check_interval_s`` (RocketMQ 4.x TransactionalMessageServiceImpl
+.check): pull 32 op messages from the op consume offset into a removeMap; walk the
+halfs from the half consume offset: a half in the removeMap is done; discard those
+checked ``check_max`` times or older than ``file_reserved_time_s`` into
+TRANS_CHECK_MAX_TIME_TOPIC; stop at a half stored after the round began or younger
+than its immunity (``transaction_timeout_s`` or CHECK_IMMUNITY_TIME); for the others,
+while its op may still be unread (``oplog.need_check``) pull the next 32 ops, then put
+it back at the end of the half stream with its check count raised and ask one
+producer of the group. A round stops after ``max_round_s``; offsets are saved at its
+end (the op offset past the contiguous done ops) in a KV bucket, so the next round
+and a restarted coordinator resume there. The connection is made again when the
+server closes it for good.
 """
 
 from __future__ import annotations
@@ -24,8 +31,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import nats
 import nats.errors
@@ -35,8 +42,19 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from relay.brokers.nats import DEDUP_HEADER
+from outbox.errors import ConfigError
+from relay.brokers.nats import DEDUP_HEADER, too_large
 from relay.halfop.link import ensure_streams
+from relay.halfop.oplog import (
+    OP_BATCH,
+    BatchReader,
+    allow_direct,
+    build_remove_map,
+    fill_remove_map,
+    need_check,
+    next_op_offset,
+    op_of,
+)
 from relay.halfop.protocol import (
     BORN_TIMESTAMP,
     CHECK_IMMUNITY_TIME,
@@ -49,10 +67,12 @@ from relay.halfop.protocol import (
     HALF_TOPIC,
     OP_TAG,
     OP_TOPIC,
+    PAYLOAD_IN_HALF,
     PGROUP,
     REAL_TOPIC,
     SYSTEM_PROPERTIES,
     TRAN_MSG,
+    TRANSACTION_ID,
     UNIQ_KEY,
     LocalTransactionState,
 )
@@ -65,9 +85,10 @@ SETTLING_STATES = (
     LocalTransactionState.COMMIT_MESSAGE.value,
     LocalTransactionState.ROLLBACK_MESSAGE.value,
 )
-OP_BATCH = 32  # op messages read at a time, as RocketMQ pulls them
 TAGS_HEADER = "TAGS"
 MAX_CONCURRENT_ENDS = 256
+WIDEST_OFFSET = str(2**64 - 1)  # a size check before the put-back gives the real one
+HALF_PROPERTIES = (REAL_TOPIC, PGROUP, UNIQ_KEY)  # a message without them is no half
 
 
 @dataclass(frozen=True)
@@ -76,6 +97,21 @@ class CoordinatorSettings:
     transaction_timeout_s: float = 6.0
     check_max: int = 15
     file_reserved_time_s: float = 72 * 3600.0
+    max_round_s: float = 60.0  # RocketMQ's MAX_PROCESS_TIME_LIMIT
+    half_read_retries: int = 1  # RocketMQ's MAX_RETRY_COUNT_WHEN_HALF_NULL
+
+    def __post_init__(self) -> None:
+        for name in ("check_interval_s", "transaction_timeout_s", "file_reserved_time_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name}: must be above 0, got {getattr(self, name)!r}")
+        if not self.max_round_s > 0:
+            raise ConfigError(f"max_round_s: must be above 0, got {self.max_round_s!r}")
+        if self.check_max < 1:
+            raise ConfigError(f"check_max: must be at least 1, got {self.check_max!r}")
+        if self.half_read_retries < 0:
+            raise ConfigError(
+                f"half_read_retries: must be 0 or more, got {self.half_read_retries!r}"
+            )
 
 
 @dataclass
@@ -88,25 +124,37 @@ class CoordinatorStats:
     check_requests: int = 0
     discarded: int = 0
     rounds: int = 0
+    ends_refused: int = 0  # end requests that did not match a half
+    halfs_unreadable: int = 0  # skipped: gone from the half stream, or no half
+    half_read_errors: int = 0  # rounds ended at a half whose reads kept failing
+    too_large: int = 0  # halfs discarded: a copy of them would exceed max_payload
+    rounds_cut: int = 0  # rounds stopped by max_round_s
+    reconnects: int = 0
+    last_round_s: float = 0.0
+    last_round_ops_read: int = 0
+    last_round_op_requests: int = 0
+    last_round_halfs_walked: int = 0
 
 
-def build_remove_map(
-    ops: Iterable[tuple[int, int]], half_offset: int
-) -> tuple[dict[int, list[int]], list[int]]:
-    """removeMap (half offset -> its op offsets) of halfs at or past ``half_offset`` that
-    are done, and the op offsets that only concern halfs already walked past (done ops).
+def end_refusal(
+    half: dict[str, str] | None, group: str, transaction_id: str, msg_id: str
+) -> str | None:
+    """Why an end request does not match its half (RocketMQ's checkPrepareMessage), or None."""
+    if half is None:
+        return "no half at this offset"
+    if half.get(PGROUP) != group:
+        return "producer group does not match"
+    if half.get(TRANSACTION_ID) != transaction_id:
+        return "transaction id does not match"
+    if half.get(UNIQ_KEY) != msg_id:
+        return "msg id does not match"
+    return None
 
-    ``ops`` are (op offset, half offset) pairs in any order, from any number of batches;
-    a half may have more than one op (an end request and a check answer both settled it).
-    """
-    remove: dict[int, list[int]] = {}
-    done: list[int] = []
-    for op_offset, half in ops:
-        if half < half_offset:
-            done.append(op_offset)
-        else:
-            remove.setdefault(half, []).append(op_offset)
-    return remove, done
+
+def no_half(headers: dict[str, str]) -> str:
+    """Why a message in the half stream is no half (a property missing), or ''."""
+    missing = [p for p in HALF_PROPERTIES if not headers.get(p)]
+    return f"no half: no {', '.join(missing)}" if missing else ""
 
 
 def header_number(headers: dict[str, str], name: str, default: float) -> float:
@@ -122,20 +170,37 @@ def settled_key(msg_id: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in msg_id) or "_"
 
 
-def next_op_offset(op_offset: int, done: Iterable[int]) -> int:
-    """Advance past the run of done op offsets that starts at ``op_offset``."""
-    finished = set(done)
-    while op_offset in finished:
-        op_offset += 1
-    return op_offset
-
-
 @dataclass
 class _Half:
     offset: int
     headers: dict[str, str]
     data: bytes
     time: float = field(default=0.0)
+
+
+@dataclass
+class _Round:
+    """One check round's state: RocketMQ's removeMap, doneOpOffset and pull result."""
+
+    started: float  # wall clock, as op stored times
+    deadline: float  # monotonic
+    half_offset: int
+    op_offset: int
+    last_half: int  # halfs past it were stored after the round began
+    next_op: int = 0
+    last_op_born: float | None = None  # of the latest pull; None: it found no op
+    remove: dict[int, list[int]] = field(default_factory=dict)
+    done: list[int] = field(default_factory=list)
+    ops_read: int = 0
+    op_requests: int = 0
+    walked: int = 0
+
+
+class _HalfReadFailed(Exception):
+    """Reading a half failed, retries included, for a reason other than its absence."""
+
+
+Verdict = Literal["done", "check", "stop"]
 
 
 class Coordinator:
@@ -147,8 +212,10 @@ class Coordinator:
         self._js: JetStreamContext | None = None
         self._kv: KeyValue | None = None
         self._settled: KeyValue | None = None
+        self._ops: BatchReader | None = None
         self._walked_to = 1  # the half consume offset as of the last round
         self._stop: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None  # a stop, or the connection closed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -167,42 +234,92 @@ class Coordinator:
     def stop(self, timeout: float = 10.0) -> None:
         if self._loop is not None and self._stop is not None and not self._loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop ended meanwhile
-                self._loop.call_soon_threadsafe(self._stop.set)
+                self._loop.call_soon_threadsafe(self._request_stop)
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
 
+    def _request_stop(self) -> None:
+        assert self._stop is not None and self._wake is not None
+        self._stop.set()
+        self._wake.set()
+
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
         self._check_lock = asyncio.Lock()
         self._end_slots = asyncio.Semaphore(MAX_CONCURRENT_ENDS)
         self._ending: set[asyncio.Task[None]] = set()
-        nc = await nats.connect(
-            servers=[self.url], name="outbox-coordinator", max_reconnect_attempts=-1
-        )
-        self._nc, self._js = nc, nc.jetstream(timeout=5)
-        await ensure_streams(self._js)
-        self._kv = await self._bucket(OFFSETS_BUCKET)
-        self._settled = await self._bucket(SETTLED_BUCKET, ttl=self.settings.file_reserved_time_s)
-        await nc.subscribe(END_SUBJECT, queue="outbox-coordinator", cb=self._on_end)
+        await self._connect()
         self._ready.set()
         log.info("coordinator up: check every %.1f s", self.settings.check_interval_s)
         try:
             while not self._stop.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self.settings.check_interval_s)
-                if not self._stop.is_set():
-                    try:
-                        await self.check_round()
-                    except Exception:  # a bad round must not end the coordinator
-                        log.exception(
-                            "check round failed; the next one starts from the saved offsets"
-                        )
+                    await asyncio.wait_for(self._wake.wait(), self.settings.check_interval_s)
+                self._wake.clear()
+                if self._stop.is_set():
+                    break
+                if self._nc is None or self._nc.is_closed:
+                    await self._reconnect()
+                    continue
+                try:
+                    await self.check_round()
+                except Exception:  # a bad round must not end the coordinator
+                    log.exception("check round failed; the next one starts from the saved offsets")
         finally:
             if self._ending:
                 await asyncio.gather(*list(self._ending), return_exceptions=True)
-            await nc.drain()
+            if self._nc is not None and not self._nc.is_closed:
+                await self._nc.drain()
+
+    async def _connect(self) -> None:
+        """Connect, make sure of the streams and buckets, and listen for end requests."""
+        nc = await nats.connect(
+            servers=[self.url],
+            name="outbox-coordinator",
+            max_reconnect_attempts=-1,
+            closed_cb=self._closed,
+        )
+        try:
+            js = nc.jetstream(timeout=5)
+            await ensure_streams(js)
+            await allow_direct(js, OP_TOPIC)
+            ops = BatchReader(nc, OP_TOPIC)
+            await ops.start()
+            self._nc, self._js, self._ops = nc, js, ops
+            self._kv = await self._bucket(OFFSETS_BUCKET)
+            ttl = self.settings.file_reserved_time_s
+            self._settled = await self._bucket(SETTLED_BUCKET, ttl=ttl)
+            await nc.subscribe(END_SUBJECT, queue="outbox-coordinator", cb=self._on_end)
+        except BaseException:
+            await nc.close()
+            raise
+
+    async def _closed(self) -> None:
+        """nats-py closes a client for good on some server errors (max payload, ...)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _reconnect(self) -> None:
+        """A new connection; the offsets are in KV, so the check service resumes there."""
+        assert self._stop is not None
+        reason = self._nc.last_error if self._nc is not None else None
+        log.warning("connection closed (%r): connecting again", reason)
+        delay = 0.1
+        while not self._stop.is_set():
+            try:
+                await self._connect()
+            except Exception as exc:
+                log.warning("reconnect failed (%r): again in %.1f s", exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            self.stats.reconnects += 1
+            log.info("coordinator connected again")
+            return
 
     async def _bucket(self, name: str, ttl: float | None = None) -> KeyValue:
         assert self._js is not None
@@ -229,35 +346,49 @@ class Coordinator:
         try:
             offset = int(headers.get(HALF_OFFSET, ""))
         except ValueError:
-            log.warning("end request without a half offset: %s", headers)
+            self.stats.ends_refused += 1
+            log.warning("end request refused: no %s in it", HALF_OFFSET)
             return
-        state = headers.get(COMMIT_OR_ROLLBACK, "")
         try:
-            await self.end_transaction(offset, state)
+            await self.end_transaction(
+                offset,
+                headers.get(COMMIT_OR_ROLLBACK, ""),
+                group=headers.get(PGROUP, ""),
+                transaction_id=headers.get(TRANSACTION_ID, ""),
+                msg_id=headers.get(UNIQ_KEY, ""),
+            )
         except Exception:  # check-back settles it later
             log.exception("end transaction for half %d failed", offset)
 
-    async def end_transaction(self, half_offset: int, state: str) -> None:
+    async def end_transaction(
+        self, half_offset: int, state: str, *, group: str, transaction_id: str, msg_id: str
+    ) -> bool:
+        """Settle the half at ``half_offset`` as ``state``; False when nothing was done
+        (UNKNOW, or a request that does not match its half)."""
         if state not in SETTLING_STATES:
             self.stats.unknown += 1
-            return
+            return False
         half = await self._half(half_offset)
-        if half is None:
-            return
-        key = half.headers.get(UNIQ_KEY, "")
+        refusal = end_refusal(half.headers if half else None, group, transaction_id, msg_id)
+        if refusal is not None or half is None:
+            self.stats.ends_refused += 1
+            log.warning("end request (%s) for half %d refused: %s", state, half_offset, refusal)
+            return False
         if state == LocalTransactionState.COMMIT_MESSAGE.value:
-            await self._publish_real(half)
-            self.stats.commits += 1
+            if await self._publish_real(half):
+                self.stats.commits += 1
         else:
             self.stats.rollbacks += 1
         if half_offset < self._walked_to:
             # The check service already put this half back as a newer copy: remember
             # the outcome so that copy is finished, not checked and delivered again.
             assert self._settled is not None
-            await self._settled.put(settled_key(key), state.encode())
-        await self._write_op(half_offset, key)
+            await self._settled.put(settled_key(msg_id), state.encode())
+        await self._write_op(half_offset, msg_id)
+        return True
 
-    async def _publish_real(self, half: _Half) -> None:
+    async def _publish_real(self, half: _Half) -> bool:
+        """Publish the real message; False when it would be too large (then discarded)."""
         assert self._js is not None
         headers = {
             k: v for k, v in half.headers.items() if k not in SYSTEM_PROPERTIES and k != UNIQ_KEY
@@ -266,7 +397,11 @@ class Coordinator:
         real_topic = half.headers.get(REAL_TOPIC)
         if not real_topic:
             raise ValueError(f"half {half.offset} has no {REAL_TOPIC}")
+        if error := self._too_large(half.data, headers):
+            await self._discard_oversize(half, "its real message", error)
+            return False
         await self._js.publish(real_topic, half.data, headers=headers)
+        return True
 
     async def _write_op(self, half_offset: int, key: str) -> None:
         assert self._js is not None
@@ -280,46 +415,122 @@ class Coordinator:
         """One pass of the check service; offsets advance only past settled halfs."""
         async with self._check_lock:
             self.stats.rounds += 1
-            half_offset = await self._offset("half")
-            op_offset = await self._offset("op")
-            last_half = await self._last_seq(HALF_TOPIC)
-            ops = await self._ops_from(op_offset)
-            remove, done = build_remove_map(ops, half_offset)
-            new_half = half_offset
-            self._walked_to = half_offset
-            for offset in range(half_offset, last_half + 1):
-                if offset in remove:
-                    done += remove.pop(offset)
-                    new_half = offset + 1
-                    continue
-                if not await self._settle_unfinished(offset):
-                    break  # too young: this one and all after it wait for the next round
-                new_half = offset + 1
-            await self._save_offset("half", new_half)
-            await self._save_offset("op", next_op_offset(op_offset, done))
+            began = time.monotonic()
+            rnd = _Round(
+                started=time.time(),
+                deadline=began + self.settings.max_round_s,
+                half_offset=await self._offset("half"),
+                op_offset=await self._offset("op"),
+                # JetStream's sequence is the store order: the halfs stored after the
+                # round began are those past this (no clock is compared).
+                last_half=await self._last_seq(HALF_TOPIC),
+            )
+            rnd.next_op = rnd.op_offset
+            self._walked_to = rnd.half_offset
+            await self._pull_ops(rnd)
+            new_half = await self._walk(rnd)
+            if new_half != rnd.half_offset:
+                await self._save_offset("half", new_half)
+            new_op = next_op_offset(rnd.op_offset, rnd.done)
+            if new_op != rnd.op_offset:
+                await self._save_offset("op", new_op)
             self._walked_to = new_half
+            self._round_stats(rnd, time.monotonic() - began, new_half, new_op)
 
-    async def _settle_unfinished(self, offset: int) -> bool:
-        """Discard, put back and ask, or (returning False) leave for the next round."""
-        half = await self._half(offset)
-        if half is None:
-            return True  # gone from the stream: nothing to settle
-        if await self._settled_earlier(half):
+    def _round_stats(self, rnd: _Round, seconds: float, new_half: int, new_op: int) -> None:
+        s = self.stats
+        s.last_round_s, s.last_round_ops_read = seconds, rnd.ops_read
+        s.last_round_op_requests, s.last_round_halfs_walked = rnd.op_requests, rnd.walked
+        log.info(
+            "check round: %.1f ms, %d ops read in %d requests, %d halfs walked, "
+            "offsets half %d op %d",
+            seconds * 1000, rnd.ops_read, rnd.op_requests, rnd.walked, new_half, new_op,
+        )  # fmt: skip
+
+    async def _walk(self, rnd: _Round) -> int:
+        """Walk the halfs from the half offset; returns the new half offset."""
+        offset = rnd.half_offset
+        while offset <= rnd.last_half:
+            # At least one half a round, so that even a tiny limit makes progress.
+            if offset > rnd.half_offset and time.monotonic() > rnd.deadline:
+                self.stats.rounds_cut += 1
+                log.info(
+                    "check round stopped at half %d after %.1f s", offset, self.settings.max_round_s
+                )
+                break
+            rnd.walked += 1
+            if offset in rnd.remove:
+                rnd.done += rnd.remove.pop(offset)
+            elif not await self._visit(rnd, offset):
+                break
+            offset += 1
+        return offset
+
+    async def _visit(self, rnd: _Round, offset: int) -> bool:
+        """A half without a known op: settle, discard, put back and ask, or (False)
+        leave it and those behind it for the next round."""
+        try:
+            half = await self._read_half(offset)
+        except _HalfReadFailed as exc:
+            self.stats.half_read_errors += 1
+            log.warning("half %d could not be read (%s): the next round starts there", offset, exc)
+            return False
+        if half is None or await self._settled_earlier(half):
             return True
         check_times = int(header_number(half.headers, CHECK_TIMES, 0))
-        age = time.time() - header_number(half.headers, BORN_TIMESTAMP, half.time * 1000) / 1000
+        age = self._age(half)
         if check_times >= self.settings.check_max or age > self.settings.file_reserved_time_s:
             await self._discard(half)
             return True
+        immunity = self.settings.transaction_timeout_s
         if CHECK_IMMUNITY_TIME in half.headers:
             # Its own immunity: put it back unchecked and go on with the halfs behind it.
-            if age < header_number(half.headers, CHECK_IMMUNITY_TIME, 0):
+            immunity = header_number(half.headers, CHECK_IMMUNITY_TIME, immunity)
+            if age < immunity:
                 await self._put_back(half, check_times)
                 return True
-        elif age < self.settings.transaction_timeout_s:
+        elif 0 <= age < immunity:
             return False  # too young; all behind it are younger still
-        await self._put_back_and_check(half, check_times + 1)
+        verdict = await self._op_or_check(rnd, half, immunity)
+        if verdict == "stop":
+            return False
+        if verdict == "check":
+            await self._put_back_and_check(half, check_times + 1)
         return True
+
+    async def _op_or_check(self, rnd: _Round, half: _Half, immunity: float) -> Verdict:
+        """While its op may be among the ops not read yet, pull the next batch."""
+        timeout = self.settings.transaction_timeout_s
+        while not need_check(
+            last_op_born=rnd.last_op_born,
+            age_s=self._age(half),
+            immunity_s=immunity,
+            round_started=rnd.started,
+            timeout_s=timeout,
+        ):
+            if time.monotonic() > rnd.deadline:
+                return "stop"
+            await self._pull_ops(rnd)
+            if half.offset in rnd.remove:
+                rnd.done += rnd.remove.pop(half.offset)
+                return "done"
+        return "check"
+
+    @staticmethod
+    def _age(half: _Half) -> float:
+        return time.time() - header_number(half.headers, BORN_TIMESTAMP, half.time * 1000) / 1000
+
+    async def _pull_ops(self, rnd: _Round) -> None:
+        """RocketMQ's fillOpRemoveMap: the next batch of op messages, one request."""
+        assert self._ops is not None
+        msgs = await self._ops.read(rnd.next_op, OP_BATCH)
+        ops = [op_of(m, TAGS_HEADER, OP_TAG) for m in msgs]
+        rnd.op_requests += 1
+        rnd.ops_read += len(ops)
+        rnd.last_op_born = ops[-1].born if ops else None
+        if ops:
+            rnd.next_op = ops[-1].offset + 1
+        fill_remove_map(rnd.remove, rnd.done, ops, rnd.half_offset)
 
     async def _settled_earlier(self, half: _Half) -> bool:
         """A late end request settled an older copy of this half: finish this copy too."""
@@ -333,10 +544,17 @@ class Coordinator:
         return True
 
     async def _discard(self, half: _Half) -> None:
+        """Into TRANS_CHECK_MAX_TIME_TOPIC; without the payload when the copy would not
+        fit (the payload stays in the half stream at HALF_OFFSET)."""
         assert self._js is not None
-        await self._js.publish(
-            CHECK_MAX_TOPIC, half.data, headers={**half.headers, HALF_OFFSET: str(half.offset)}
-        )
+        headers = {**half.headers, HALF_OFFSET: str(half.offset)}
+        data = half.data
+        if self._too_large(data, headers):
+            headers[PAYLOAD_IN_HALF], data = str(len(data)), b""
+        if error := self._too_large(data, headers):
+            log.error("half %d not recorded as discarded: %s", half.offset, error)
+        else:
+            await self._js.publish(CHECK_MAX_TOPIC, data, headers=headers)
         self.stats.discarded += 1
         log.warning(
             "half %d (%s) discarded after %s checks",
@@ -345,21 +563,40 @@ class Coordinator:
             half.headers.get(CHECK_TIMES),
         )
 
-    async def _put_back(self, half: _Half, check_times: int) -> tuple[int, dict[str, str]]:
-        """Write the half again at the end of the half stream (the base of later checks)."""
+    async def _discard_oversize(self, half: _Half, what: str, error: str) -> None:
+        self.stats.too_large += 1
+        log.warning("half %d: %s would be too large (%s)", half.offset, what, error)
+        await self._discard(half)
+
+    def _too_large(self, data: bytes, headers: dict[str, str]) -> str | None:
+        assert self._nc is not None
+        return too_large(self._nc, data, headers)
+
+    async def _put_back(self, half: _Half, check_times: int) -> tuple[int, dict[str, str]] | None:
+        """Write the half again at the end of the half stream (the base of later checks);
+        None when that copy would be too large (the half is discarded instead)."""
         assert self._js is not None
         headers = {**half.headers, CHECK_TIMES: str(check_times), TRAN_MSG: "true"}
         headers.pop(DEDUP_HEADER, None)  # the producer's half id: the server would drop a copy
+        if error := self._too_large(half.data, headers):
+            await self._discard_oversize(half, "its put-back copy", error)
+            return None
         ack = await self._js.publish(HALF_TOPIC, half.data, headers=headers)
         self.stats.halfs_written += 1
         return int(ack.seq), headers
 
     async def _put_back_and_check(self, half: _Half, check_times: int) -> None:
         assert self._nc is not None
-        seq, headers = await self._put_back(half, check_times)
-        group = headers.get(PGROUP, "")
+        widest = {**half.headers, CHECK_TIMES: str(check_times), HALF_OFFSET: WIDEST_OFFSET}
+        if error := self._too_large(half.data, widest):
+            await self._discard_oversize(half, "its check request", error)
+            return
+        put = await self._put_back(half, check_times)
+        if put is None:
+            return
+        seq, headers = put
         request = {**headers, HALF_OFFSET: str(seq)}
-        await self._nc.publish(f"{CHECK_SUBJECT}.{group}", half.data, headers=request)
+        await self._nc.publish(f"{CHECK_SUBJECT}.{headers[PGROUP]}", half.data, headers=request)
         self.stats.check_requests += 1
 
     # -- stream access ----------------------------------------------------------------
@@ -373,23 +610,24 @@ class Coordinator:
         born = raw.time.timestamp() if raw.time else time.time()
         return _Half(offset, dict(raw.headers or {}), raw.data or b"", born)
 
-    async def _ops_from(self, op_offset: int) -> list[tuple[int, int]]:
-        assert self._js is not None
-        last = await self._last_seq(OP_TOPIC)
-        ops: list[tuple[int, int]] = []
-        for start in range(op_offset, last + 1, OP_BATCH):
-            seqs = range(start, min(start + OP_BATCH, last + 1))
-            batch = await asyncio.gather(
-                *(self._js.get_msg(OP_TOPIC, s) for s in seqs), return_exceptions=True
-            )
-            for seq, raw in zip(seqs, batch, strict=True):
-                if isinstance(raw, nats.js.errors.NotFoundError):
-                    continue
-                if isinstance(raw, BaseException):
-                    raise raw
-                if (raw.headers or {}).get(TAGS_HEADER) == OP_TAG:
-                    ops.append((seq, int(raw.data or b"0")))
-        return ops
+    async def _read_half(self, offset: int) -> _Half | None:
+        """The half for the walk; None (counted, logged) when it is gone from the
+        stream or is no half. Other errors are retried ``half_read_retries`` times,
+        then raise: skipping a half that exists would lose its transaction."""
+        error: Exception | None = None
+        for _ in range(self.settings.half_read_retries + 1):
+            try:
+                half = await self._half(offset)
+            except (TimeoutError, nats.errors.Error) as exc:
+                error = exc
+                continue
+            why = "gone from the half stream" if half is None else no_half(half.headers)
+            if why:
+                self.stats.halfs_unreadable += 1
+                log.warning("half %d skipped: %s", offset, why)
+                return None
+            return half
+        raise _HalfReadFailed(repr(error))
 
     async def _last_seq(self, stream: str) -> int:
         assert self._js is not None
@@ -411,6 +649,8 @@ class Coordinator:
 __all__ = [
     "Coordinator",
     "CoordinatorSettings",
+    "CoordinatorStats",
     "build_remove_map",
+    "end_refusal",
     "next_op_offset",
 ]

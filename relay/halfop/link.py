@@ -36,6 +36,7 @@ from relay.halfop.protocol import (
     END_SUBJECT,
     HALF_OFFSET,
     HALF_TOPIC,
+    HEADER_HEADROOM,
     OP_TOPIC,
     PGROUP,
     TRANSACTION_ID,
@@ -188,8 +189,8 @@ class ProducerLink:
         except TimeoutError:
             raise ConnectionError(f"not connected to NATS JetStream within {timeout:g} s") from None
         headers = {**half_headers(msg, self.group), DEDUP_HEADER: msg.transaction_id}
-        if error := too_large(nc, msg.payload, headers):
-            raise PayloadTooLarge("payload", error)  # with the headers, over the server's limit
+        if error := too_large(nc, msg.payload, headers, HEADER_HEADROOM):
+            raise PayloadTooLarge("payload", error)  # no room for the coordinator's copies
         return await nc.jetstream().publish(
             HALF_TOPIC, msg.payload, timeout=max(deadline - loop.time(), 0.01), headers=headers
         )

@@ -42,6 +42,14 @@ BORN_TIMESTAMP = "BORN_TIMESTAMP"  # ms since the epoch, when the half was sent
 HALF_OFFSET = "HALF_OFFSET"
 COMMIT_OR_ROLLBACK = "COMMIT_OR_ROLLBACK"
 OP_TAG = "d"  # an op message's tag: the half at this offset is done
+# A discard record without its payload (too large to copy): the payload's size in bytes;
+# the payload itself stays in the half stream at HALF_OFFSET.
+PAYLOAD_IN_HALF = "PAYLOAD_IN_HALF"
+# Bytes a half must leave under the server's max_payload for the coordinator's own
+# copies of it: the largest growth is a check request of a put-back copy, a
+# HALF_OFFSET line (35 bytes with a 20-digit offset) plus TRANSACTION_CHECK_TIMES
+# grown from "0" to at most 20 digits (19): 54 bytes. The rest is margin.
+HEADER_HEADROOM = 256
 SYSTEM_PROPERTIES = {REAL_TOPIC, PGROUP, TRAN_MSG, CHECK_TIMES, BORN_TIMESTAMP, TRANSACTION_ID}
 
 
