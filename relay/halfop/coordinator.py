@@ -239,6 +239,12 @@ class Coordinator:
             self._thread.join(timeout)
             self._thread = None
 
+    def check_now(self, timeout: float = 30.0) -> None:
+        """Run one check round now, from another thread, and wait for its end."""
+        if self._loop is None:
+            raise RuntimeError("the coordinator is not running")
+        asyncio.run_coroutine_threadsafe(self.check_round(), self._loop).result(timeout)
+
     def _request_stop(self) -> None:
         assert self._stop is not None and self._wake is not None
         self._stop.set()
@@ -293,6 +299,7 @@ class Coordinator:
             ttl = self.settings.file_reserved_time_s
             self._settled = await self._bucket(SETTLED_BUCKET, ttl=ttl)
             await nc.subscribe(END_SUBJECT, queue="outbox-coordinator", cb=self._on_end)
+            await nc.flush()  # the server has the subscription: no end request missed
         except BaseException:
             await nc.close()
             raise
@@ -508,8 +515,8 @@ class Coordinator:
             round_started=rnd.started,
             timeout_s=timeout,
         ):
-            if time.monotonic() > rnd.deadline:
-                return "stop"
+            if rnd.walked > 1 and time.monotonic() > rnd.deadline:
+                return "stop"  # the round's first half is seen through, as in _walk
             await self._pull_ops(rnd)
             if half.offset in rnd.remove:
                 rnd.done += rnd.remove.pop(half.offset)

@@ -1,8 +1,13 @@
-"""The check service's bookkeeping: removeMap and the op consume offset."""
+"""The check service's bookkeeping: removeMap, isNeedCheck, the op consume offset, and
+the end request's match with its half."""
 
 from __future__ import annotations
 
-from relay.halfop.coordinator import build_remove_map, next_op_offset
+import pytest
+
+from outbox.errors import ConfigError
+from relay.halfop.coordinator import CoordinatorSettings, end_refusal
+from relay.halfop.oplog import Op, build_remove_map, fill_remove_map, need_check, next_op_offset
 
 
 def test_ops_out_of_order_and_in_batches() -> None:
@@ -40,3 +45,68 @@ def test_two_ops_for_one_half_are_both_consumed() -> None:
     assert remove == {5: [1, 2]}
     done += remove.pop(5)  # the walk passes half 5
     assert next_op_offset(1, done) == 3, "a stuck op offset would re-read every op forever"
+
+
+def test_pulls_add_to_one_map_and_messages_that_are_no_op_count_done() -> None:
+    remove: dict[int, list[int]] = {}
+    done: list[int] = []
+    fill_remove_map(remove, done, [Op(1, 10, 0.0), Op(2, None, 0.0)], half_offset=10)
+    fill_remove_map(remove, done, [Op(3, 10, 0.0), Op(4, 9, 0.0)], half_offset=10)
+    assert remove == {10: [1, 3]}
+    assert done == [2, 4], "a message that names no half must not hold the op offset back"
+
+
+NOW = 1_000_000.0
+
+
+def test_need_check_when_the_op_stream_is_exhausted_and_the_half_is_old_enough() -> None:
+    old = dict(age_s=10.0, immunity_s=6.0, round_started=NOW, timeout_s=6.0)
+    assert need_check(last_op_born=None, **old)
+    assert not need_check(last_op_born=None, **{**old, "age_s": 6.0})
+
+
+def test_no_check_while_later_ops_may_still_hold_the_halfs_op() -> None:
+    """The last pulled op was born before round start + timeout: pull more first."""
+    args = dict(age_s=10.0, immunity_s=6.0, round_started=NOW, timeout_s=6.0)
+    assert not need_check(last_op_born=NOW - 30, **args)
+    assert not need_check(last_op_born=NOW + 6.0, **args)
+    assert need_check(last_op_born=NOW + 6.5, **args), "ops born after the timeout: ask"
+
+
+def test_a_half_born_in_the_future_is_checked() -> None:
+    assert need_check(
+        last_op_born=NOW - 30, age_s=-5.0, immunity_s=6.0, round_started=NOW, timeout_s=6.0
+    )
+
+
+HALF = {"PGROUP": "orders", "__transactionId__": "t1", "UNIQ_KEY": "m1"}
+
+
+@pytest.mark.parametrize(
+    ("half", "group", "tid", "mid", "why"),
+    [
+        (HALF, "orders", "t1", "m1", None),
+        (None, "orders", "t1", "m1", "no half at this offset"),
+        (HALF, "other", "t1", "m1", "producer group does not match"),
+        (HALF, "orders", "t2", "m1", "transaction id does not match"),
+        (HALF, "orders", "t1", "m2", "msg id does not match"),
+    ],
+)
+def test_an_end_request_must_match_its_half(
+    half: dict[str, str] | None, group: str, tid: str, mid: str, why: str | None
+) -> None:
+    assert end_refusal(half, group, tid, mid) == why
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_round_s", 0.0), ("check_interval_s", -1.0), ("half_read_retries", -1), ("check_max", 0)],
+)
+def test_settings_refuse_bad_values_naming_the_field(field: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=field):
+        CoordinatorSettings(**{field: value})
+
+
+def test_round_limit_and_half_retries_default_to_rocketmqs() -> None:
+    settings = CoordinatorSettings()
+    assert (settings.max_round_s, settings.half_read_retries) == (60.0, 1)
