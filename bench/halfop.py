@@ -4,6 +4,10 @@ time to settle a transaction whose producer was SIGKILLed before its end request
 Run with `python -m bench.halfop` (PostgreSQL + nats-server on loopback). The kill
 scenario runs twice: with the test intervals and with RocketMQ's defaults (60 s check
 interval, 6 s transaction timeout), so the second one takes about a minute.
+
+`python -m bench.halfop --soak` (bench/halfop_soak.py) is the coordinator's soak
+instead: 200,000 transactions, the check loop's round time, ops read per round and RSS
+as the op log grows.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 from sqlalchemy import create_engine
 
 from bench.fast_path import bench_schema
+from bench.halfop_soak import add_soak_arguments, soak
 from bench.report import print_rows
 from outbox import migrate
 from relay.brokers.nats import create_stream, read_stream
@@ -98,7 +103,11 @@ def main() -> None:
     parser.add_argument(
         "--skip-default-intervals", action="store_true", help="skip the ~1 minute run"
     )
+    add_soak_arguments(parser)
     args = parser.parse_args()
+    if args.soak:
+        soak(args.soak_transactions, args.soak_rate, args.threads)
+        return
     rows: list[tuple[str, str]] = []
     with NatsServer() as server, bench_schema() as db:
         migrate.upgrade(db)
