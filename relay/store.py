@@ -459,19 +459,23 @@ def count_if(condition: Any) -> Any:
     return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
 
 
-def status_by_topic(conn: Connection, now: datetime) -> list[dict[str, Any]]:
-    """-- status -- per topic: pending (due by ``now``), oldest pending, dead, skipped,
-    blocked keys, scheduled and the next due time, canceled, sent in the last minute/hour.
+def status_by_topic(conn: Connection, now: datetime, sla_s: float) -> list[dict[str, Any]]:
+    """-- status -- per topic: pending (due by ``now``, for less than ``sla_s``), stuck
+    (due for longer: the reconciliation's word for the same rows), oldest of those, dead,
+    skipped, blocked keys, scheduled and the next due time, canceled, sent in the last
+    minute/hour.
 
     ``now`` is the database clock (db_clock): a row is due when its deliver_at has come
     by that clock, as the scheduler's claim judges it."""
 
     due = and_(t.c.status == PENDING, is_due(now))
+    late = due_time() < now - timedelta(seconds=sla_s)
     scheduled = and_(t.c.status == PENDING, t.c.deliver_at > now)  # not due yet
     query = (
         select(
             t.c.topic,
-            count_if(due).label("pending"),
+            count_if(and_(due, ~late)).label("pending"),
+            count_if(and_(due, late)).label("stuck"),
             func.min(case((due, waiting_since()))).label("oldest_pending"),
             count_if(t.c.status == DEAD).label("dead"),
             count_if(t.c.status == SKIPPED).label("skipped"),
@@ -549,8 +553,13 @@ def waiting_since() -> Any:
     send: its creation), else its creation. An age from this does not count the time
     before a requeue or a message's schedule, nor a backoff the relay chose (it is
     negative while one runs)."""
-    scheduled_for = case((t.c.deliver_at > t.c.created_at, t.c.deliver_at), else_=t.c.created_at)
-    return func.coalesce(t.c.next_attempt_at, scheduled_for)
+    return func.coalesce(t.c.next_attempt_at, due_time())
+
+
+def due_time() -> Any:
+    """When the row was first due: its deliver_at if later than its creation, else its
+    creation (as the reconciliation's SLA counts)."""
+    return case((t.c.deliver_at > t.c.created_at, t.c.deliver_at), else_=t.c.created_at)
 
 
 def backlog_by_topic(conn: Connection, now: datetime) -> list[Any]:

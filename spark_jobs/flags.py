@@ -20,6 +20,17 @@ def iso_time(text: str) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
+def seconds(text: str) -> float:
+    """A number of seconds for a command-line flag (--sla): finite, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text!r}")
+    return value
+
+
 def without_passwords(text: str, inputs: Iterable[str | None]) -> str:
     """``text`` with the password of every URL among ``inputs`` replaced by ``***``.
 

@@ -43,6 +43,7 @@ def is_postgres(source: str) -> bool:
 
 
 def with_jdbc_jar(builder: SparkSession.Builder) -> SparkSession.Builder:
+    """The PostgreSQL driver for the driver and the executors (spark.jars ships it)."""
     if not Path(JDBC_JAR).exists():
         raise FileNotFoundError(f"{JDBC_JAR} missing: apt-get install libpostgresql-jdbc-java")
     return builder.config("spark.jars", JDBC_JAR)
@@ -61,6 +62,16 @@ def read_ledger_jdbc(spark: SparkSession, sqlalchemy_url: str, partitions: int =
         numPartitions=partitions, properties=props,
     )  # fmt: skip
     return frame.select(*LEDGER_COLUMNS).withColumn("attempts", F.col("attempts").cast("int"))
+
+
+def count_ledger(spark: SparkSession, source: str, ledger: DataFrame) -> int:
+    """The ledger's rows: over JDBC one count(*), not a second read of the table."""
+    if not is_postgres(source):
+        return ledger.count()
+    url, props = jdbc_url(source)
+    query = "(SELECT count(*) AS n FROM outbox_message) AS counted"
+    row = spark.read.jdbc(url, query, properties=props).first()
+    return int(row["n"]) if row else 0
 
 
 def read_ledger(spark: SparkSession, source: str) -> DataFrame:

@@ -3,9 +3,11 @@
 For a window [start, end) and an SLA (default 60 s), per topic and in total:
 committed (ledger rows created in the window), delivered, pending (not at the broker
 yet but due for less than the SLA at the window's end: not lost; a scheduled message is
-due at its deliver_at), scheduled (still pending, its deliver_at at or after the
-window's end: not expected yet), lost, dead (given up by the sweeper), skipped (given
-up by an operator, `outbox skip`: not expected at the broker), canceled (a scheduled
+due at its deliver_at), stuck (not at the broker, due for longer than the SLA, and still
+pending in the table: undelivered, the sweeper may still publish it), scheduled (still
+pending, its deliver_at at or after the window's end: not expected yet), lost (marked
+sent, or model B's committed, and never at the broker), dead (given up by the sweeper),
+skipped (given up by an operator, `outbox skip`: not expected at the broker), canceled (a scheduled
 message the app canceled, `Outbox.cancel`: never expected), duplicated (extra copies
 of a msg_id at the broker), phantom (at the broker in the window, with no ledger row at
 all), out_of_order (an ordered message whose first
@@ -18,9 +20,13 @@ Runs locally (``outbox reconcile``) and unchanged under ``spark-submit
 spark_jobs/reconcile_job.py ...`` (ship the spark_jobs folder alone with ``--py-files``: it
 imports neither outbox nor relay); tables are never collected whole into the driver,
 only the aggregates (and report.html's first 20 out-of-order deliveries). Exit status
-3 when lost, phantom or out_of_order > 0, for schedulers; 1 when the job failed (a
-missing input or column is found before Spark starts); 2 bad usage (argparse's own),
-as every `outbox` command.
+3 when lost, phantom or out_of_order > 0, for schedulers; else 4 when stuck > 0 (late,
+not lost: the relay or the broker is stalled); 1 when the job failed (one line naming
+the cause: a missing input or column is found before Spark starts, Spark's own errors
+are cut to their root cause); 2 bad usage (argparse's own), as every `outbox` command.
+
+Quiet unless ``--verbose``: a line per step on stderr with its counts, the totals on
+stdout, no Spark logs or stage bars (spark_jobs.session).
 """
 
 from __future__ import annotations
@@ -33,17 +39,25 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.flags import iso_time, without_passwords
+from spark_jobs.flags import iso_time, seconds, without_passwords
 from spark_jobs.window import Window
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-EXIT_FAILED, EXIT_DISCREPANCY = 1, 3  # relay.cli.common's EXIT_FAILED and EXIT_DATA
+# relay.cli.common's EXIT_FAILED, EXIT_DATA and EXIT_STUCK
+EXIT_FAILED, EXIT_DISCREPANCY, EXIT_STUCK = 1, 3, 4
 
 
 class JobError(Exception):
-    """The job cannot finish: an input is missing or unusable, or Spark failed."""
+    """The job cannot finish: an input is missing or unusable, or Spark failed.
+
+    ``detail``: what Spark said in full (its Java stack), shown with --debug or --verbose.
+    """
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 def check_inputs(ledger: str, broker_log: str, halfop_log: str | None, out: str) -> None:
@@ -121,10 +135,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--start", type=iso_time, required=True, help="window start, ISO 8601")
     parser.add_argument("--end", type=iso_time, required=True, help="window end, ISO 8601")
     parser.add_argument(
-        "--sla", type=float, default=60.0, help="seconds before a missing message is lost"
+        "--sla",
+        type=seconds,
+        default=60.0,
+        help="seconds a message may take to reach the broker; missing for longer, it is "
+        "stuck (still pending in the table) or lost (default 60)",
     )
     parser.add_argument(
         "--master", default=None, help="Spark master (default: local[*], or spark-submit's)"
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="let Spark log and draw its stage bars"
     )
 
 
@@ -135,13 +156,20 @@ def run(args: argparse.Namespace, prog: str = "reconcile") -> int:
         summary = run_on_spark(args, told(prog, time.monotonic()))
     except JobError as exc:  # Spark's text may echo an input's URL, credentials and all
         inputs = [args.ledger, args.broker_log, args.halfop_log]
+        if exc.detail and (getattr(args, "debug", False) or args.verbose):
+            print(without_passwords(exc.detail.rstrip(), inputs), file=sys.stderr)
         print(without_passwords(f"{prog}: {exc}", inputs), file=sys.stderr)
         return EXIT_FAILED
-    from spark_jobs.report import alarming
-
     total = summary["total"]
     print(json.dumps(total, default=str))
-    return EXIT_DISCREPANCY if alarming(total) else 0
+    return exit_status(total)
+
+
+def exit_status(total: dict[str, Any]) -> int:
+    """3 for lost, phantom or out-of-order messages; else 4 for stuck ones; else 0."""
+    from spark_jobs.report import alarming, late
+
+    return EXIT_DISCREPANCY if alarming(total) else EXIT_STUCK if late(total) else 0
 
 
 def window_error(args: argparse.Namespace) -> str | None:
@@ -165,39 +193,49 @@ def run_on_spark(
     args: argparse.Namespace, step: Callable[[str], None] = lambda _: None
 ) -> dict[str, Any]:
     """``run`` in a session of its own; what Spark raises becomes one line."""
-    from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
     from pyspark.errors import PySparkException
-    from pyspark.sql import SparkSession
 
+    from spark_jobs import session
+    from spark_jobs.ledger import is_postgres, with_jdbc_jar
     from spark_jobs.reconciliation import reconcile
 
-    builder = SparkSession.builder.appName("outbox-reconcile").config(
-        "spark.sql.session.timeZone", "UTC"
-    )
-    if args.master:  # spark-submit's --master otherwise, or local[*] when run alone
-        builder = builder.master(args.master)
-    if args.ledger.startswith("postgresql"):
-        from spark_jobs.ledger import with_jdbc_jar
-
-        builder = with_jdbc_jar(builder)
+    verbose = args.verbose
+    builder = session.builder("outbox-reconcile", args.master, verbose)
+    if is_postgres(args.ledger):
+        try:
+            builder = with_jdbc_jar(builder)
+        except FileNotFoundError as exc:
+            raise JobError(f"--ledger: {exc}") from None
     step("starting Spark")
-    spark = builder.getOrCreate()
+    spark = None
     try:
+        spark = session.started(builder, verbose)
         window = Window(args.start, args.end, args.sla)
         return reconcile(
             spark, args.ledger, args.broker_log, args.out, window, args.halfop_log, step
         )
-    except Py4JJavaError as exc:  # its text is the whole Java stack
-        raise JobError(first_line(exc.java_exception.toString())) from None
-    except PySparkException as exc:
-        raise JobError(first_line(str(exc))) from None
+    except (Py4JError, PySparkException) as exc:
+        raise JobError(spark_error(exc), str(exc)) from None
     finally:
-        spark.stop()
+        if spark is not None:
+            spark.stop()
+
+
+def spark_error(exc: Exception) -> str:
+    """One line for what Spark raised: the root cause of a Java exception (its text is
+    the whole Java stack), else the first line of Python's."""
+    java = getattr(exc, "java_exception", None)
+    if java is None:
+        return first_line(str(exc))
+    while java.getCause() is not None:
+        java = java.getCause()
+    return first_line(java.toString())
 
 
 def told(prog: str, started: float) -> Callable[[str], None]:
-    """One stderr line per step, with the seconds since the job started (no bar: Spark's
-    steps have no count to show, and its own logs share stderr)."""
+    """One stderr line per step, with the seconds since the job started (no bar: a Spark
+    step has its counts only once done, and with --verbose Spark's logs share stderr)."""
 
     def step(what: str) -> None:
         print(f"{prog}: {what} ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)

@@ -19,8 +19,9 @@ from spark_jobs import ordering
 from spark_jobs.window import Window
 
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 60000)
-KINDS = ("delivered", "pending", "scheduled", "lost", "dead", "skipped", "canceled", "phantom",
-         "malformed")  # fmt: skip
+KINDS = ("delivered", "pending", "stuck", "scheduled", "lost", "dead", "skipped", "canceled",
+         "phantom", "malformed")  # fmt: skip
+FOUND = ("lost", "stuck", "phantom", "dead", "skipped", "malformed")  # kinds discrepancies/ lists
 LISTED = 20  # out-of-order deliveries report.html shows; discrepancies/ has them all
 
 
@@ -28,10 +29,13 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
     """One row per msg_id in question, with its kind and details (the discrepancies and more).
 
     One full outer join of the ledger with the broker's copies per msg_id gives both
-    the committed side (delivered, pending, scheduled, lost, dead, skipped, canceled)
-    and the phantoms. A scheduled message is judged from its due time (``due_at``): not
-    expected before it, so pending within the SLA after it and scheduled while it is at
-    or after the window's end, never lost for waiting; canceled ones are never expected. Each
+    the committed side (delivered, pending, stuck, scheduled, lost, dead, skipped,
+    canceled) and the phantoms. Missing at the broker past the SLA, a row still pending
+    in the table is stuck (undelivered: the sweeper may still publish it), any other
+    (marked sent, or model B's committed record) is lost. A scheduled message is judged
+    from its due time (``due_at``): not expected before it, so pending within the SLA
+    after it and scheduled while it is at or after the window's end, never late for
+    waiting; canceled ones are never expected. Each
     msg_id's first copy, in its key's lane, says whether it came out of order
     (``after_seq``, spark_jobs.ordering): judged over the whole log, so a key's earlier
     deliveries count even when they are older than the window.
@@ -66,6 +70,7 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
         .when(F.col("status") == "canceled", F.lit("canceled"))  # by the app: never expected
         .when(still_scheduled(window), F.lit("scheduled"))
         .when(due_at() >= F.lit(window.pending_after), F.lit("pending"))
+        .when(F.col("status") == "pending", F.lit("stuck"))  # the sweeper's to deliver
         .otherwise(F.lit("lost"))
     )
     judged = (
@@ -203,24 +208,31 @@ def reconcile(
 
     With ``halfop_path`` the run is for model B: ``ledger_path`` then holds the
     SqlTransactionListener's records, and the half/op log adds model B's counts.
-    ``step`` is told each step as it starts (progress; Spark's work is one step each).
+    ``step`` is told each step once done, with its counts (rows read, joined, written).
     """
     from spark_jobs import model_b
-    from spark_jobs.ledger import read_ledger
+    from spark_jobs.ledger import count_ledger, read_ledger
     from spark_jobs.report import write_report
+    from spark_jobs.session import input_bytes, size_shuffles
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    step("reading the inputs")
+    size_shuffles(spark, input_bytes(spark, sized_inputs(ledger_path, broker_path, halfop_path)))
+    broker = spark.read.parquet(broker_path)
     if halfop_path is None:
         ledger = read_ledger(spark, ledger_path)
+        read = f"read {count_ledger(spark, ledger_path, ledger)} ledger rows"
     else:
         # read by the ledger and by model B's counts: grouped once
-        per_msg = model_b.halfs_per_message(spark.read.parquet(halfop_path)).cache()
-        ledger = model_b.ledger_from_records(spark.read.parquet(ledger_path), per_msg)
-    classified = classify(ledger, spark.read.parquet(broker_path), window).cache()
-    step("counting per topic")  # Spark reads and joins here: the long step
-    summary = summarise(classified)
+        halfop, records = spark.read.parquet(halfop_path), spark.read.parquet(ledger_path)
+        per_msg = model_b.halfs_per_message(halfop).cache()
+        ledger = model_b.ledger_from_records(records, per_msg)
+        read = f"read {records.count()} records, {halfop.count()} half/op entries"
+    step(f"{read}, {broker.count()} broker log entries")
+    classified = classify(ledger, broker, window).cache()
+    summary = summarise(classified)  # Spark joins here: the long step
+    total = summary["total"]
+    step(f"joined {total['committed'] + total['phantom']} messages: " + outcome(total))
     if halfop_path is not None:
         model_b.add_counts(summary, model_b.halfop_counts(per_msg, window))
         per_msg.unpersist()
@@ -229,22 +241,37 @@ def reconcile(
         "end": window.end.isoformat(),
         "sla_s": window.sla_s,
     }
-    step("writing discrepancies/, summary.json and report.html")
-    write_discrepancies(classified, out / "discrepancies")
+    written = write_discrepancies(classified, out / "discrepancies")
     listed = first_out_of_order(classified) if summary["total"].get("out_of_order") else []
     classified.unpersist()
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     write_report(out / "report.html", summary, out_of_order=listed)
+    step(f"wrote {written} discrepancies, summary.json and report.html to {out}")
     return summary
 
 
-def write_discrepancies(classified: DataFrame, path: Path) -> None:
+def sized_inputs(ledger_path: str, broker_path: str, halfop_path: str | None) -> list[str]:
+    """The Parquet inputs whose bytes size the shuffles; a ledger read over JDBC counts
+    as big as the broker log (about one row per message each)."""
+    from spark_jobs.ledger import is_postgres
+
+    ledger = broker_path if is_postgres(ledger_path) else ledger_path
+    return [ledger, broker_path, *([halfop_path] if halfop_path else [])]
+
+
+def outcome(total: dict[str, Any]) -> str:
+    """The counts a reader looks for first, in a step line."""
+    names = ("delivered", "pending", "stuck", "lost", "phantom")
+    return ", ".join(f"{total.get(name) or 0} {name}" for name in names)
+
+
+def write_discrepancies(classified: DataFrame, path: Path) -> int:
     """One row per finding (msg_id, kind, topic, copies, details, key, seq, after_seq)
-    for every message that is not a clean delivery: lost, phantom, dead, skipped,
-    malformed or duplicated, and out of order besides (then a row more)."""
-    kind = F.when(
-        F.col("kind").isin("lost", "phantom", "dead", "skipped", "malformed"), F.col("kind")
-    ).when(F.col("copies") > 1, F.lit("duplicated"))
+    for every message that is not a clean delivery: lost, stuck, phantom, dead, skipped,
+    malformed or duplicated, and out of order besides (then a row more); returns how many."""
+    kind = F.when(F.col("kind").isin(*FOUND), F.col("kind")).when(
+        F.col("copies") > 1, F.lit("duplicated")
+    )
     late = F.when(F.col("after_seq").isNotNull(), F.lit("out_of_order"))
     found = classified.withColumn(
         "kind", F.explode(F.filter(F.array(kind, late), lambda k: k.isNotNull()))
@@ -254,6 +281,7 @@ def write_discrepancies(classified: DataFrame, path: Path) -> None:
     found.select(
         "msg_id", "kind", "topic", "copies", details.alias("details"), "key", "seq", "after_seq"
     ).write.mode("overwrite").parquet(str(path))
+    return classified.sparkSession.read.parquet(str(path)).count()  # Parquet's footers: cheap
 
 
 def first_out_of_order(classified: DataFrame) -> list[dict[str, Any]]:

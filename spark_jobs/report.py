@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = (
-    "committed", "delivered", "pending", "scheduled", "lost", "dead", "skipped", "canceled",
-    "duplicated", "phantom", "out_of_order", "malformed",
+    "committed", "delivered", "pending", "stuck", "scheduled", "lost", "dead", "skipped",
+    "canceled", "duplicated", "phantom", "out_of_order", "malformed",
     "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "latency_max_ms",
 )  # fmt: skip
 MODEL_B_COLUMNS = ("halfs", "half_writes", "ops", "checks", "unresolved", "discarded")
@@ -17,19 +17,31 @@ BAR = 'fill="#3b6ea8"'
 SVG_NS = "http://www.w3.org/2000/svg"
 TOP_PAD = 16
 KINDS = (
-    "delivered", "pending", "scheduled", "lost", "dead", "skipped", "canceled", "duplicated",
-    "phantom", "out_of_order", "malformed",
+    "delivered", "pending", "stuck", "scheduled", "lost", "dead", "skipped", "canceled",
+    "duplicated", "phantom", "out_of_order", "malformed",
 )  # fmt: skip
 # What makes a run fail (exit status 3, verdict DISCREPANCIES): data lost, invented or
 # reordered. Dead and skipped messages are the relay's and the operator's to report;
 # scheduled (not due by the window's end) and canceled ones are not expected at all.
 ALARMS = ("lost", "phantom", "out_of_order")
+# Late, not lost (verdict STUCK, exit status 4): committed, still pending in the table
+# past the SLA, so the sweeper may yet deliver them; the relay or the broker is stalled.
+LATE = ("stuck",)
 LATE_COLUMNS = ("topic", "key", "msg_id", "seq", "after_seq")
 
 
 def alarming(total: dict[str, Any]) -> bool:
     """Whether a summary's totals hold lost, phantom or out-of-order messages."""
     return any(total.get(name) for name in ALARMS)
+
+
+def late(total: dict[str, Any]) -> bool:
+    """Whether a summary's totals hold stuck messages (undelivered past the SLA)."""
+    return any(total.get(name) for name in LATE)
+
+
+def verdict(total: dict[str, Any]) -> str:
+    return "DISCREPANCIES" if alarming(total) else "STUCK" if late(total) else "OK"
 
 
 def bar_chart(
@@ -103,7 +115,6 @@ def write_report(
         title += " (model B: half/op)"
     histogram = summary.get("latency_histogram", [])
     total = summary["total"]
-    verdict = "DISCREPANCIES" if alarming(total) else "OK"
     late = late_table(out_of_order or [], int(total.get("out_of_order") or 0))
     window = summary.get("window", {})
     counts = [(k, float(total.get(k) or 0)) for k in KINDS]
@@ -115,7 +126,7 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child{{t
 <h1>{html.escape(title)}</h1>
 <p>Window {html.escape(str(window.get("start")))} to {html.escape(str(window.get("end")))},
 SLA {window.get("sla_s")} s.
-<span class="verdict" id="verdict">{verdict}</span></p>
+<span class="verdict" id="verdict">{verdict(total)}</span></p>
 {table(summary)}
 {late}
 <h2>Messages per kind</h2>

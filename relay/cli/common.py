@@ -20,6 +20,7 @@ EXIT_FAILED = 1  # a runtime error: database or broker unreachable, a schema pro
 EXIT_USAGE = 2  # argparse's own code: a bad flag or value, an unknown msg_id
 EXIT_DATA = 3  # it ran, and the data is wrong: dead, lost, phantom or out-of-order messages
 EXIT_DEAD = EXIT_DATA  # dead messages: one case of EXIT_DATA
+EXIT_STUCK = 4  # it ran, nothing is lost, but messages are late: stuck past the SLA
 EXIT_PIPE = 141  # 128 + SIGPIPE: stdout closed by its reader (`| head`), as cat and git do
 EXIT_STATUSES = (
     ("0", "success"),
@@ -28,6 +29,8 @@ EXIT_STATUSES = (
     ("2", "usage error: a bad or missing flag or value, a msg_id that does not exist"),
     ("3", "the data is wrong: dead messages (status, dead listed some; drain made some "
      "dead), lost, phantom or out-of-order messages (reconcile, compare)"),
+    ("4", "the data is late: stuck messages, committed and still pending past the SLA, none "
+     "lost, phantom or out of order (reconcile, compare); the sweeper may still deliver them"),
     ("130, 143", "stopped by SIGINT (Ctrl-C) or SIGTERM (drain; relay on a second signal)"),
     ("141", "stdout closed by its reader (`outbox migrate --sql` piped to `head`): quietly"),
 )  # fmt: skip

@@ -26,13 +26,15 @@ from relay.cli.common import (
 )
 from relay.cli.messages import duration, safe
 from relay.cli.progress import counting
+from spark_jobs.flags import seconds
 
 BLOCKED_LISTED = 20  # blocked keys `outbox status` lists; the rest are counted
-COUNTS = ("pending", "dead", "skipped", "blocked_keys", "scheduled", "canceled", "sent_1m",
-          "sent_1h")  # fmt: skip
+COUNTS = ("pending", "stuck", "dead", "skipped", "blocked_keys", "scheduled", "canceled",
+          "sent_1m", "sent_1h")  # fmt: skip
 # The table's columns; next_due is shown as "in 12s" (--json: an ISO time and next_due_in_s).
-HEADER = ("topic", "pending", "oldest_pending_age_s", "dead", "skipped", "blocked_keys",
-          "scheduled", "next_due", "canceled", "sent_1m", "sent_1h")  # fmt: skip
+HEADER = ("topic", "pending", "stuck", "oldest_pending_age_s", "dead", "skipped",
+          "blocked_keys", "scheduled", "next_due", "canceled", "sent_1m", "sent_1h")  # fmt: skip
+SLA_S = 60.0  # `outbox reconcile --sla`'s default: the same rows are stuck in both
 
 
 def add_migrate(commands: Commands) -> None:
@@ -49,15 +51,24 @@ def add_migrate(commands: Commands) -> None:
 def add_status(commands: Commands) -> None:
     st = commands.add_parser(
         "status",
-        help="pending, oldest pending age, dead, scheduled, next due and recently sent, per "
-        "topic; blocked keys",
+        help="pending, stuck, oldest pending age, dead, scheduled, next due and recently "
+        "sent, per topic; blocked keys",
         description="Show the outbox's state per topic, and the keys blocked by a dead "
         "ordered message (its key's later messages wait for `outbox requeue` or `outbox "
-        "skip`), oldest first. Pending counts the messages due now; scheduled ones (their "
-        "deliver_at still to come, by the database clock) are counted apart, with the next "
-        "due time. Exit status 3 when dead messages exist.",
+        "skip`), oldest first. Pending counts the messages due now for less than --sla "
+        "seconds, stuck those due for longer (`outbox reconcile` calls the same rows "
+        "stuck); scheduled ones (their deliver_at still to come, by the database clock) "
+        "are counted apart, with the next due time. Exit status 3 when dead messages exist.",
     )
     add_db_flag(st)
+    st.add_argument(
+        "--sla",
+        type=seconds,
+        default=SLA_S,
+        metavar="SECONDS",
+        help=f"seconds a due message may wait before it is stuck (default {SLA_S:g}, as "
+        "`outbox reconcile --sla`)",
+    )
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument(
         "--blocked-limit",
@@ -120,7 +131,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         migrate.require_schema(engine)
         with engine.connect() as conn:
             now = store.db_clock(conn)
-            topics = store.status_by_topic(conn, now)
+            topics = store.status_by_topic(conn, now, args.sla)
             blocked = store.dead_heads(conn, args.blocked_limit)
     finally:
         engine.dispose()

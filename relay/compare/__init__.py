@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--fault-seconds", type=float, default=3.0, help="length of a fault")
     parser.add_argument("--master", default="local[2]", help="Spark master")
+    parser.add_argument(
+        "--verbose", action="store_true", help="let Spark log and draw its stage bars"
+    )
 
 
 def workload_of(args: argparse.Namespace) -> Workload:

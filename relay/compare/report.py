@@ -4,7 +4,8 @@ Runs ``relay.compare.run``'s workload on both models against the same PostgreSQL
 scratch schema, dropped afterwards) and the same broker (the wheel's nats-server
 unless ``--broker`` names one), exports each model's inputs, reconciles both with the
 Spark job and writes ``compare.json`` and ``compare.html`` side by side. Exit status 3
-when either model lost a message, produced a phantom or delivered a key out of order.
+when either model lost a message, produced a phantom or delivered a key out of order;
+else 4 when either left a message stuck (still pending past the SLA).
 """
 
 from __future__ import annotations
@@ -15,28 +16,35 @@ import html
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outbox import migrate
+from outbox.errors import OutboxError
 from outbox.secrets import mask_url
 from relay import export
 from relay.brokers import reader_for
+from relay.cli.common import EXIT_DATA, EXIT_OK, EXIT_STUCK
 from relay.cli.progress import counting
 from relay.compare import add_arguments, workload_of
 from relay.compare.run import RunResult, run_models
 from relay.compare.workload import Workload
 from relay.testing import NatsServer, scratch_schema
-from spark_jobs.reconcile_job import EXIT_DISCREPANCY, told
-from spark_jobs.report import alarming, bar_chart, fmt
+from spark_jobs import session
+from spark_jobs.reconcile_job import exit_status, spark_error, told
+from spark_jobs.report import bar_chart, fmt
 from spark_jobs.window import Window
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 ROWS = (
     ("committed", "committed (by the ledger / listener records)"),
     ("delivered", "delivered"),
     ("lost", "lost"),
+    ("stuck", "stuck (pending past the SLA)"),
     ("duplicated", "duplicated at the broker"),
     ("phantom", "phantom"),
     ("out_of_order", "out of order (per key)"),
@@ -142,40 +150,49 @@ def reconcile_both(
     inputs: dict[str, dict[str, str]],
     results: list[RunResult],
     out: Path,
-    master: str,
+    args: argparse.Namespace,
     step: Callable[[str], None],
 ) -> dict[str, dict[str, Any]]:
-    from pyspark.sql import SparkSession
-
-    from spark_jobs.reconciliation import reconcile
+    """Both models' reconciliations in one Spark session; Spark's errors become one line."""
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+    from pyspark.errors import PySparkException
 
     step("starting Spark")
     start = min(r.started for r in results) - timedelta(seconds=1)
     window = Window(start, datetime.now(UTC) + timedelta(seconds=120), sla_s=60)
-    spark = (
-        SparkSession.builder.master(master)
-        .appName("outbox-compare")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    models: dict[str, dict[str, Any]] = {}
+    made = session.builder("outbox-compare", args.master, args.verbose)
     try:
-        for result in results:
-            step(f"reconciling model {result.model}")
-            files = inputs[result.model]
-            halfop = files.get("halfop")
-            summary = reconcile(
-                spark, files["ledger"], files["broker"], out / result.model / "report", window,
-                halfop,
-            )  # fmt: skip
-            writes = stored_rows(files["broker"], *([halfop] if halfop else []))
-            models[result.model] = figures(result, summary, writes)
-    finally:
-        spark.stop()
-    return models
+        spark = session.started(made.config("spark.ui.enabled", "false"), args.verbose)
+        try:
+            return {
+                r.model: reconcile_model(spark, inputs[r.model], r, out / r.model, window, step)
+                for r in results
+            }
+        finally:
+            spark.stop()
+    except (Py4JError, PySparkException) as exc:
+        raise OutboxError(f"Spark failed: {spark_error(exc)}") from None
+
+
+def reconcile_model(
+    spark: SparkSession,
+    files: dict[str, str],
+    result: RunResult,
+    out: Path,
+    window: Window,
+    step: Callable[[str], None],
+) -> dict[str, Any]:
+    """One model's reconciliation into ``out``/report, its steps told as the model's."""
+    from spark_jobs.reconciliation import reconcile
+
+    step(f"reconciling model {result.model}")
+    halfop = files.get("halfop")
+    summary = reconcile(
+        spark, files["ledger"], files["broker"], out / "report", window, halfop,
+        lambda what: step(f"model {result.model}: {what}"),
+    )  # fmt: skip
+    writes = stored_rows(files["broker"], *([halfop] if halfop else []))
+    return figures(result, summary, writes)
 
 
 def cells(*values: str) -> str:
@@ -273,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
         results = list(run_models(db, url, server, workload, step, counted))
         step("exporting both models' ledgers and broker logs")
         inputs = {r.model: export_inputs(db, url, r, out / r.model) for r in results}
-    models = reconcile_both(inputs, results, out, args.master, step)
+    models = reconcile_both(inputs, results, out, args, step)
     step("writing compare.json and compare.html")
     (out / "compare.json").write_text(
         json.dumps({"workload": report_args(args), "models": models}, indent=2, default=str)
@@ -281,5 +298,10 @@ def run(args: argparse.Namespace) -> int:
     write_html(out / "compare.html", models, workload)
     print_table(models, workload)
     print(f"report: {out / 'compare.html'}")
-    bad = any(alarming(m) for m in models.values())
-    return EXIT_DISCREPANCY if bad else 0
+    return worst(exit_status(m) for m in models.values())
+
+
+def worst(statuses: Iterable[int]) -> int:
+    """The run's exit status: data wrong (3) in either model before stuck (4) before 0."""
+    found = set(statuses)
+    return next((code for code in (EXIT_DATA, EXIT_STUCK) if code in found), EXIT_OK)

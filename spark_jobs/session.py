@@ -1,0 +1,85 @@
+"""How the jobs start Spark: quiet unless asked, shuffles sized to the input.
+
+Quiet: the driver's JVM reads ``log4j2.properties`` (shipped beside this module: Spark
+logs nothing) and draws no stage bars; the job prints its own steps and errors. The log
+configuration must reach the JVM before it starts: this builder's options do it when
+Python starts Spark (`outbox reconcile`, `outbox compare`); under ``spark-submit`` the
+JVM runs first, so pass ``--conf spark.driver.extraJavaOptions=...`` (`log_options`),
+and the job turns Spark's logging off once its session exists.
+
+Sized: a small night must not pay for 200 shuffle partitions. Adaptive execution
+coalesces small partitions (also inside the cached classification), and the number to
+start from follows the inputs' bytes (``shuffle_partitions``), unless the
+configuration already sets ``spark.sql.shuffle.partitions``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
+BYTES_PER_PARTITION = 32 * 1024 * 1024  # of Parquet input: several times that in a shuffle
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+ADAPTIVE = {
+    "spark.sql.adaptive.enabled": "true",
+    "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    # The classification is cached: let adaptive execution size its shuffle too.
+    "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
+}
+
+
+def log_options() -> str:
+    """The driver's Java options that make Spark log nothing (our log4j2 configuration)."""
+    return f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}"
+
+
+def builder(app: str, master: str | None, verbose: bool = False) -> SparkSession.Builder:
+    """A session builder for a job: UTC, adaptive shuffles, and quiet unless ``verbose``."""
+    made = SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC")
+    if master:  # spark-submit's --master otherwise, or local[*] when run alone
+        made = made.master(master)
+    for key, value in ADAPTIVE.items():
+        made = made.config(key, value)
+    if verbose:
+        return made
+    made = made.config("spark.ui.showConsoleProgress", "false")
+    if LOG_CONFIG.is_file():  # not when the package runs from a zip (--py-files)
+        made = made.config("spark.driver.extraJavaOptions", log_options())
+    return made
+
+
+def started(made: SparkSession.Builder, verbose: bool = False) -> SparkSession:
+    """The session; quiet from here on unless ``verbose``, even if the JVM was started by
+    spark-submit without our log configuration."""
+    spark = made.getOrCreate()
+    if not verbose:
+        spark.sparkContext.setLogLevel("OFF")
+    return spark
+
+
+def size_shuffles(spark: SparkSession, input_bytes: int | None) -> None:
+    """Start shuffles from a partition count fitted to ``input_bytes`` (None: unknown,
+    Spark's own), unless the configuration sets one."""
+    if input_bytes is None or spark.sparkContext.getConf().contains(SHUFFLE_PARTITIONS):
+        return
+    cores = spark.sparkContext.defaultParallelism
+    spark.conf.set(SHUFFLE_PARTITIONS, str(shuffle_partitions(input_bytes, cores)))
+
+
+def shuffle_partitions(input_bytes: int, cores: int) -> int:
+    """One partition per ``BYTES_PER_PARTITION`` of input, and at least one per core."""
+    return max(cores, math.ceil(input_bytes / BYTES_PER_PARTITION), 1)
+
+
+def input_bytes(spark: SparkSession, paths: list[str]) -> int:
+    """The bytes under each path (local or remote: Hadoop's file system answers)."""
+    jvm = spark.sparkContext._jvm  # Hadoop's FileSystem has no Python API
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    total = 0
+    for path in paths:
+        hadoop_path = jvm.org.apache.hadoop.fs.Path(path)  # type: ignore[union-attr]
+        total += hadoop_path.getFileSystem(conf).getContentSummary(hadoop_path).getLength()
+    return int(total)
