@@ -4,6 +4,7 @@ command (standard library only: the jobs ship alone with ``spark-submit --py-fil
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from urllib.parse import unquote, urlsplit
@@ -29,6 +30,19 @@ def seconds(text: str) -> float:
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text!r}")
     return value
+
+
+# The masters spark-submit takes; anything else makes its JVM exit with a Java stack.
+SPARK_MASTER = re.compile(r"local(\[[^\]]+\])?|local-cluster\[[^\]]+\]|spark://.+|yarn|k8s://.+")
+
+
+def spark_master(text: str) -> str:
+    """A Spark master URL for --master, checked before a JVM starts."""
+    if not SPARK_MASTER.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"not a Spark master: {text!r} (local[N], local[*], spark://HOST:PORT, yarn, k8s://URL)"
+        )
+    return text
 
 
 def without_passwords(text: str, inputs: Iterable[str | None]) -> str:

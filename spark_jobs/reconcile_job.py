@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.flags import iso_time, seconds, without_passwords
+from spark_jobs.flags import iso_time, seconds, spark_master, without_passwords
 from spark_jobs.window import Window
 
 if TYPE_CHECKING:
@@ -142,7 +142,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "stuck (still pending in the table) or lost (default 60)",
     )
     parser.add_argument(
-        "--master", default=None, help="Spark master (default: local[*], or spark-submit's)"
+        "--master",
+        type=spark_master,
+        default=None,
+        help="Spark master (default: local[*], or spark-submit's)",
     )
     parser.add_argument(
         "--verbose", action="store_true", help="let Spark log and draw its stage bars"
@@ -216,20 +219,24 @@ def run_on_spark(
             spark, args.ledger, args.broker_log, args.out, window, args.halfop_log, step
         )
     except (Py4JError, PySparkException) as exc:
-        raise JobError(spark_error(exc), str(exc)) from None
+        master = spark.sparkContext.master if spark is not None else args.master
+        raise JobError(spark_error(exc, master), str(exc)) from None
     finally:
         if spark is not None:
             spark.stop()
 
 
-def spark_error(exc: Exception) -> str:
+def spark_error(exc: Exception, master: str | None = None) -> str:
     """One line for what Spark raised: the root cause of a Java exception (its text is
-    the whole Java stack), else the first line of Python's."""
+    the whole Java stack), else the first line of Python's. A context stopped under the
+    job (a cluster master that never answered gives up after a minute) names the master."""
     java = getattr(exc, "java_exception", None)
     if java is None:
         return first_line(str(exc))
     while java.getCause() is not None:
         java = java.getCause()
+    if "stopped SparkContext" in java.toString() and master:
+        return f"Spark stopped before the job ended: is the master {master} reachable and up?"
     return first_line(java.toString())
 
 

@@ -13,6 +13,7 @@ import argparse
 import os
 
 from relay.compare.workload import FAULTS, Workload
+from spark_jobs.flags import spark_master
 
 DEFAULT_DB = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
@@ -45,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated, or 'all': {', '.join(FAULTS)}",
     )
     parser.add_argument("--fault-seconds", type=float, default=3.0, help="length of a fault")
-    parser.add_argument("--master", default="local[2]", help="Spark master")
+    parser.add_argument("--master", type=spark_master, default="local[2]", help="Spark master")
     parser.add_argument(
         "--verbose", action="store_true", help="let Spark log and draw its stage bars"
     )

@@ -171,7 +171,7 @@ def reconcile_both(
         finally:
             spark.stop()
     except (Py4JError, PySparkException) as exc:
-        raise OutboxError(f"Spark failed: {spark_error(exc)}") from None
+        raise OutboxError(f"Spark failed: {spark_error(exc, args.master)}") from None
 
 
 def reconcile_model(

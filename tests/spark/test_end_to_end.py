@@ -51,9 +51,9 @@ def deliver(pg_url: str, server: NatsServer, stream: tuple[str, str], count: int
 
 RECONCILE_STEPS = [
     "starting Spark",
-    "reading the inputs",
-    "counting per topic",
-    "writing discrepancies/, summary.json and report.html",
+    "read 300 ledger rows, 299 broker log entries",
+    "joined 303 messages: 296 delivered, 0 pending, 0 stuck, 4 lost, 3 phantom",
+    "wrote 7 discrepancies, summary.json and report.html to {out}",
 ]
 
 COMPARE_STEPS = [
@@ -62,9 +62,16 @@ COMPARE_STEPS = [
     "exporting both models' ledgers and broker logs",
     "starting Spark",
     "reconciling model a",
+    "model a: read N ledger rows, N broker log entries",
+    "model a: joined N messages: N delivered, N pending, N stuck, N lost, N phantom",
+    "model a: wrote N discrepancies, summary.json and report.html to OUT/a/report",
     "reconciling model b",
+    "model b: read N records, N half/op entries, N broker log entries",
+    "model b: joined N messages: N delivered, N pending, N stuck, N lost, N phantom",
+    "model b: wrote N discrepancies, summary.json and report.html to OUT/b/report",
     "writing compare.json and compare.html",
 ]
+SPARK_NOISE = re.compile(r" (WARN|INFO|ERROR) |NativeCodeLoader|\[Stage |log4j")
 
 
 def test_deleted_and_extra_broker_messages_are_counted_exactly(
@@ -104,7 +111,9 @@ def test_deleted_and_extra_broker_messages_are_counted_exactly(
     done = subprocess.run(reconcile, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 3, done.stdout + done.stderr  # lost and phantom found: alert
     steps = re.findall(r"^outbox reconcile: (.+) \(\d+ s\)$", done.stderr, re.M)
-    assert steps == RECONCILE_STEPS, done.stderr  # one line per step, in order
+    expected = [line.format(out=out) for line in RECONCILE_STEPS]
+    assert steps == expected, done.stderr  # one line per step, with counts, in order
+    assert not SPARK_NOISE.search(done.stderr.replace("\r", "\n")), done.stderr
     total = json.loads((out / "summary.json").read_text())["total"]
     assert (total["committed"], total["delivered"], total["lost"]) == (300, 296, 4)
     assert (total["phantom"], total["duplicated"], total["pending"]) == (3, 0, 0)
@@ -161,6 +170,8 @@ def test_the_job_file_runs_under_spark_submit(tmp_path: Path) -> None:
         (blocked / name).mkdir(parents=True)
         (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is not shipped')")
     submit = [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[2]"]
+    log_config = shipped / "spark_jobs" / "log4j2.properties"  # as the example's README says
+    submit += ["--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile={log_config}"]
     submit += ["--py-files", archive, str(shipped / "spark_jobs" / "reconcile_job.py")]
     submit += ["--ledger", str(tmp_path / "in" / "ledger"), "--out", str(tmp_path / "out")]
     submit += ["--broker-log", str(tmp_path / "in" / "broker")]
@@ -170,6 +181,11 @@ def test_the_job_file_runs_under_spark_submit(tmp_path: Path) -> None:
         submit, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 3, done.stderr[-2000:]  # lost and phantom found
+    printed = done.stdout + done.stderr  # spark-submit's PythonRunner merges the two
+    assert not SPARK_NOISE.search(printed.replace("\r", "\n")), printed
+    steps = re.findall(r"^reconcile: (.+) \(\d+ s\)$", printed, re.M)
+    assert steps and steps[0] == "starting Spark", printed
+    assert steps[-1].startswith("wrote 3 discrepancies"), printed
     total = json.loads((tmp_path / "out" / "summary.json").read_text())["total"]
     assert (total["lost"], total["phantom"], total["delivered"]) == (2, 1, 2998)
 
@@ -252,7 +268,7 @@ def test_outbox_compare_reports_both_models_side_by_side(tmp_path: Path) -> None
         assert done_counts[-1] <= 200
     models = json.loads((tmp_path / "compare.json").read_text())["models"]
     for model in ("a", "b"):
-        assert models[model]["lost"] == 0 and models[model]["phantom"] == 0
+        assert models[model]["lost"] == models[model]["stuck"] == models[model]["phantom"] == 0
         assert models[model]["committed"] == models[model]["delivered"] > 150
     assert models["a"]["faults"]["kill"] is not None and models["b"]["faults"]["kill"] is not None
     assert models["a"]["skipped_faults"] == ["drop-ends"] and models["b"]["halfs"] >= 200
@@ -271,4 +287,6 @@ def test_outbox_compare_reports_both_models_side_by_side(tmp_path: Path) -> None
     ]:  # fmt: skip
         assert f"| {label} | n/a | {value} |" in done.stdout
     steps = re.findall(r"^outbox compare: (.+) \(\d+ s\)$", done.stderr, re.M)
-    assert steps == COMPARE_STEPS, done.stderr  # one line per step, in order
+    steps = [re.sub(r"\b\d+\b", "N", step.replace(str(tmp_path), "OUT")) for step in steps]
+    assert steps == COMPARE_STEPS, done.stderr  # one line per step, with counts, in order
+    assert not SPARK_NOISE.search(done.stderr.replace("\r", "\n")), done.stderr

@@ -6,10 +6,12 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from spark_jobs import reconciliation
+from spark_jobs import reconcile_job, reconciliation, schema
 from spark_jobs.generate import Plan, generate
 from spark_jobs.window import Window
 
@@ -64,3 +66,76 @@ def test_clean_run_passes(spark: SparkSession, tmp_path: Path) -> None:
         3,
     )
     assert "OK" in (tmp_path / "out" / "report.html").read_text()
+
+
+def night_of(tmp_path: Path, rows: list[tuple[str, str, str, bool]]) -> tuple[str, str]:
+    """Ledger and broker Parquet for (msg_id, status, created HH:MM:SS, at the broker)."""
+    day = "2026-01-01T"
+    ledger = pa.table(
+        {
+            "id": list(range(len(rows))),
+            "msg_id": [r[0] for r in rows],
+            "topic": ["t"] * len(rows),
+            "status": [r[1] for r in rows],
+            "created_at": [datetime.fromisoformat(f"{day}{r[2]}+00:00") for r in rows],
+            "sent_at": [None] * len(rows),
+            "attempts": [0] * len(rows),
+            "receipt": [None] * len(rows),
+            "deliver_at": [None] * len(rows),
+        },
+        schema=schema.LEDGER,
+    )
+    delivered = [r for r in rows if r[3]]
+    broker = pa.table(
+        {
+            "msg_id": [r[0] for r in delivered],
+            "topic": ["t"] * len(delivered),
+            "seq": [str(i) for i in range(len(delivered))],
+            "broker_ts": [datetime.fromisoformat(f"{day}{r[2]}+00:00") for r in delivered],
+            "key": [None] * len(delivered),
+            "outbox_seq": [None] * len(delivered),
+        },
+        schema=schema.BROKER,
+    )
+    paths = str(tmp_path / "ledger.parquet"), str(tmp_path / "broker.parquet")
+    pq.write_table(ledger, paths[0])
+    pq.write_table(broker, paths[1])
+    return paths
+
+
+HOUR = Window(datetime.fromisoformat("2026-01-01T00:00:00+00:00"),
+              datetime.fromisoformat("2026-01-01T01:00:00+00:00"), 60)  # fmt: skip
+
+
+def test_pending_past_the_sla_is_stuck_and_sent_but_absent_is_lost(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    ledger, broker = night_of(tmp_path, [
+        ("m-delivered", "sent", "00:10:00", True),
+        ("m-stuck", "pending", "00:10:00", False),  # the sweeper may still send it
+        ("m-lost", "sent", "00:10:00", False),  # marked sent, never at the broker
+        ("m-pending", "pending", "00:59:30", False),  # within the SLA at the window's end
+    ])  # fmt: skip
+    out = tmp_path / "out"
+    total = reconciliation.reconcile(spark, ledger, broker, out, HOUR)["total"]
+    counts = {k: total[k] for k in ("committed", "delivered", "stuck", "lost", "pending")}
+    assert counts == {"committed": 4, "delivered": 1, "stuck": 1, "lost": 1, "pending": 1}
+    found = spark.read.parquet(str(out / "discrepancies")).select("msg_id", "kind").collect()
+    assert sorted((r["msg_id"], r["kind"]) for r in found) == [
+        ("m-lost", "lost"),
+        ("m-stuck", "stuck"),
+    ]
+    assert reconcile_job.exit_status(total) == 3  # lost comes first
+    assert 'id="verdict">DISCREPANCIES<' in (out / "report.html").read_text()
+
+
+def test_stuck_alone_is_late_not_wrong(spark: SparkSession, tmp_path: Path) -> None:
+    ledger, broker = night_of(tmp_path, [
+        ("m-delivered", "sent", "00:10:00", True),
+        ("m-stuck", "pending", "00:20:00", False),
+    ])  # fmt: skip
+    out = tmp_path / "out"
+    total = reconciliation.reconcile(spark, ledger, broker, out, HOUR)["total"]
+    assert (total["stuck"], total["lost"], total["phantom"]) == (1, 0, 0)
+    assert reconcile_job.exit_status(total) == reconcile_job.EXIT_STUCK == 4
+    assert 'id="verdict">STUCK<' in (out / "report.html").read_text()

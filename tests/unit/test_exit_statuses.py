@@ -14,6 +14,7 @@ from relay.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_STATUSES,
+    EXIT_STUCK,
     EXIT_USAGE,
     exit_statuses_text,
 )
@@ -23,8 +24,8 @@ from spark_jobs import reconcile_job
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def test_the_four_codes_are_distinct() -> None:
-    assert len({EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DATA}) == 4
+def test_the_five_codes_are_distinct() -> None:
+    assert len({EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DATA, EXIT_STUCK}) == 5
     assert EXIT_USAGE == 2  # argparse's own, for the errors it finds itself
 
 
@@ -43,6 +44,7 @@ def test_readme_lists_the_same_table() -> None:
 def test_the_spark_job_alerts_with_the_data_code() -> None:
     # The job imports neither outbox nor relay (spark-submit ships it alone): same number.
     assert reconcile_job.EXIT_DISCREPANCY == EXIT_DATA
+    assert reconcile_job.EXIT_STUCK == EXIT_STUCK
     assert reconcile_job.EXIT_FAILED == EXIT_FAILED
 
 
