@@ -82,6 +82,29 @@ def test_status_reports_per_topic_and_flags_dead(pg_url: str) -> None:
     assert "TOTAL" in table.stdout and "cli.x" in table.stdout
 
 
+def test_status_calls_pending_past_the_sla_stuck_as_the_reconciliation_does(pg_url: str) -> None:
+    """A row due for longer than --sla is stuck (the reconciliation's word), apart from the
+    pending ones; the oldest age covers both."""
+    old, *_ = seed(pg_url, ["pending", "pending", "pending"])
+    engine = create_engine(pg_url, poolclass=NullPool)
+    with engine.begin() as conn:
+        conn.execute(
+            update(t)
+            .where(t.c.msg_id == uuid.UUID(old))
+            .values(created_at=func.now() - text("interval '10 minutes'"))
+        )
+    engine.dispose()
+    done = cli("status", "--db", pg_url, "--json", "--sla", "300")
+    assert done.returncode == 0, done.stderr  # late, not dead: the sweeper's to deliver
+    total = json.loads(done.stdout)["total"]
+    assert (total["pending"], total["stuck"]) == (2, 1)
+    assert total["oldest_pending_age_s"] >= 600
+    table = cli("status", "--db", pg_url)
+    assert table.stdout.splitlines()[0].split()[:3] == ["topic", "pending", "stuck"]
+    bad = cli("status", "--db", pg_url, "--sla", "-1")
+    assert bad.returncode == 2 and "argument --sla: must be 0 or more seconds" in bad.stderr
+
+
 def test_requeue_dead_resets_attempts(pg_url: str) -> None:
     ids = seed(pg_url, ["dead", "dead", "sent"])
     refused = cli("requeue", "--db", pg_url)
