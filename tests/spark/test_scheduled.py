@@ -52,7 +52,7 @@ def test_scheduled_canceled_and_due_messages(spark: SparkSession, tmp_path: Path
         scheduled("m3", 15, END),  # due right at the end: scheduled too
         scheduled("m4", 20, at(1800), status="canceled"),  # canceled: never expected
         scheduled("m5", 30, END - timedelta(seconds=30)),  # due 30 s before the end: pending
-        scheduled("m6", 40, at(600)),  # due 50 min before the end, still not there: lost
+        scheduled("m6", 40, at(600)),  # due 50 min before the end, still pending: stuck
         scheduled("m7", 50, at(100), status="sent"),  # delivered 0.5 s after its time
         scheduled("m8", 60, at(10)),  # a deliver_at before its commit: due at its commit
     ]
@@ -63,22 +63,21 @@ def test_scheduled_canceled_and_due_messages(spark: SparkSession, tmp_path: Path
         spark, ledger_path, write(tmp_path / "b.parquet", broker, BROKER), out, WINDOW
     )
     total = summary["total"]
-    counts = {
-        k: total[k]
-        for k in ("committed", "delivered", "scheduled", "canceled", "pending", "lost", "phantom")
-    }
+    names = ("committed", "delivered", "scheduled", "canceled", "pending", "stuck", "lost")
+    counts = {k: total[k] for k in (*names, "phantom")}
     assert counts == {
         "committed": 8,
         "delivered": 2,
         "scheduled": 2,
         "canceled": 1,
         "pending": 1,
-        "lost": 2,
+        "stuck": 2,
+        "lost": 0,
         "phantom": 0,
     }
     assert summary["topics"]["t.a"]["scheduled"] == 2
-    # m8 was due at its commit, 60 s in, and never came: lost like m6
-    assert kinds(out) == {"m6": "lost", "m8": "lost"}
+    # m8 was due at its commit, 60 s in, and never came: stuck like m6 (both still pending)
+    assert kinds(out) == {"m6": "stuck", "m8": "stuck"}
     # m7's latency counts from its deliver_at: 500 ms, not the 50 s since its commit; the
     # highest is m1's, 1 s from commit to broker
     assert total["latency_max_ms"] == pytest.approx(1000, abs=1)
