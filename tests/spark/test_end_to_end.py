@@ -71,7 +71,11 @@ COMPARE_STEPS = [
     "model b: wrote N discrepancies, summary.json and report.html to OUT/b/report",
     "writing compare.json and compare.html",
 ]
-SPARK_NOISE = re.compile(r" (WARN|INFO|ERROR) |NativeCodeLoader|\[Stage |log4j")
+# Spark's log lines (log4j's layout: 26/11/24 17:16:57 WARN Utils: ...) and stage bars;
+# the project's own log lines (2026-11-24 17:16:57,123 INFO relay...) are not Spark's.
+SPARK_NOISE = re.compile(
+    r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d [A-Z]+ |NativeCodeLoader|\[Stage |log4j", re.M
+)
 
 
 def test_deleted_and_extra_broker_messages_are_counted_exactly(

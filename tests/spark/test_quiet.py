@@ -22,7 +22,8 @@ from spark_jobs.generate import Plan, generate
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
 # What Spark's own logging and progress look like (log4j's layout, the stage bars).
 SPARK_NOISE = re.compile(
-    r" (WARN|INFO|ERROR) |NativeCodeLoader|\[Stage |log4j|Setting default log level"
+    r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d [A-Z]+ |NativeCodeLoader|\[Stage |log4j|Setting default "
+    r"log level"
 )
 STEP = re.compile(r"^outbox reconcile: (.+) \(\d+ s\)$")
 # The JVM's own notice at start (Spark's launcher adds an incubator module): not a log line.
