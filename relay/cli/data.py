@@ -54,10 +54,12 @@ def add_export(commands: Commands) -> None:
 def add_reconcile(commands: Commands) -> None:
     rec = commands.add_parser(
         "reconcile",
-        help="reconcile ledger and broker log on Spark: lost, duplicated, phantom, out of "
-        "order, latency",
+        help="reconcile ledger and broker log on Spark: lost, stuck, duplicated, phantom, out "
+        "of order, latency",
         description="Run spark_jobs/reconcile_job.py locally (local[*]); the same file runs under "
-        "spark-submit. Exit status 3 when lost, phantom or out-of-order messages were found.",
+        "spark-submit. Quiet: its steps with counts and the totals, no Spark logs (--verbose). "
+        "Exit status 3 when lost, phantom or out-of-order messages were found, else 4 when "
+        "stuck ones were (still pending past --sla: late, not lost).",
     )
     reconcile_job.add_arguments(rec)
 

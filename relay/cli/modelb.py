@@ -57,7 +57,8 @@ def add_compare(commands: Commands) -> None:
         help="run one workload through model A and model B, with faults; compare.html",
         description="One workload through model A (outbox) and model B (half/op), reconciled "
         "on Spark; compare.json and compare.html side by side. Exit status 3 when either "
-        "model lost a message or produced a phantom. Needs the [compare] extra.",
+        "model lost a message or produced a phantom, else 4 when either left one stuck. "
+        "Needs the [compare] extra.",
     )
     compare.add_arguments(cmp)
     add_debug_flag(cmp)
