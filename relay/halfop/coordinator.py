@@ -31,6 +31,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -80,7 +81,7 @@ from relay.halfop.protocol import (
 log = logging.getLogger("relay.halfop.coordinator")
 
 OFFSETS_BUCKET = "RMQ_SYS_TRANS_OFFSETS"
-SETTLED_BUCKET = "RMQ_SYS_TRANS_SETTLED"  # msg ids settled by a late end request
+SETTLED_BUCKET = "RMQ_SYS_TRANS_SETTLED"  # msg ids of halfs settled while copies may exist
 SETTLING_STATES = (
     LocalTransactionState.COMMIT_MESSAGE.value,
     LocalTransactionState.ROLLBACK_MESSAGE.value,
@@ -130,6 +131,7 @@ class CoordinatorStats:
     too_large: int = 0  # halfs discarded: a copy of them would exceed max_payload
     rounds_cut: int = 0  # rounds stopped by max_round_s
     reconnects: int = 0
+    settled_by_copy: int = 0  # answers for a copy of a half another copy had settled
     last_round_s: float = 0.0
     last_round_ops_read: int = 0
     last_round_op_requests: int = 0
@@ -220,6 +222,7 @@ class Coordinator:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._check_lock = asyncio.Lock()
+        self._settling: dict[str, tuple[asyncio.Lock, int]] = {}  # msg id -> lock, users
 
     # -- lifecycle (a thread of its own, or `await run()` from a CLI) ----------------
 
@@ -381,18 +384,51 @@ class Coordinator:
             self.stats.ends_refused += 1
             log.warning("end request (%s) for half %d refused: %s", state, half_offset, refusal)
             return False
+        # A half with copies (put back by a round, maybe by a coordinator since killed)
+        # may be answered once per copy: the first answer settles the transaction, the
+        # others only finish their copy, so no half is committed twice.
+        copied = half_offset < self._walked_to or header_number(half.headers, CHECK_TIMES, 0) > 0
+        async with self._one_at_a_time(msg_id):
+            if copied and await self._settled_state(msg_id) is not None:
+                self.stats.settled_by_copy += 1
+            else:
+                await self._settle(half, state, remember=copied)
+            await self._write_op(half_offset, msg_id)
+        return True
+
+    async def _settle(self, half: _Half, state: str, remember: bool) -> None:
         if state == LocalTransactionState.COMMIT_MESSAGE.value:
             if await self._publish_real(half):
                 self.stats.commits += 1
         else:
             self.stats.rollbacks += 1
-        if half_offset < self._walked_to:
-            # The check service already put this half back as a newer copy: remember
-            # the outcome so that copy is finished, not checked and delivered again.
+        if remember:  # before the op: a copy walked later is finished by this outcome
             assert self._settled is not None
-            await self._settled.put(settled_key(msg_id), state.encode())
-        await self._write_op(half_offset, msg_id)
-        return True
+            await self._settled.put(settled_key(half.headers.get(UNIQ_KEY, "")), state.encode())
+
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self, msg_id: str) -> AsyncIterator[None]:
+        """One settlement per transaction at a time (two copies answered together)."""
+        lock, users = self._settling.get(msg_id, (asyncio.Lock(), 0))
+        self._settling[msg_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._settling[msg_id]
+            if users == 1:
+                del self._settling[msg_id]
+            else:
+                self._settling[msg_id] = (lock, users - 1)
+
+    async def _settled_state(self, msg_id: str) -> bytes | None:
+        """How another copy of this transaction's half was settled, if one was."""
+        assert self._settled is not None
+        try:
+            entry = await self._settled.get(settled_key(msg_id))
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return entry.value or b""
 
     async def _publish_real(self, half: _Half) -> bool:
         """Publish the real message; False when it would be too large (then discarded)."""
@@ -540,14 +576,13 @@ class Coordinator:
         fill_remove_map(rnd.remove, rnd.done, ops, rnd.half_offset)
 
     async def _settled_earlier(self, half: _Half) -> bool:
-        """A late end request settled an older copy of this half: finish this copy too."""
-        assert self._settled is not None
-        try:
-            entry = await self._settled.get(settled_key(half.headers.get(UNIQ_KEY, "")))
-        except nats.js.errors.KeyNotFoundError:
+        """Another copy of this half was settled: finish this copy too."""
+        key = half.headers.get(UNIQ_KEY, "")
+        state = await self._settled_state(key)
+        if state is None:
             return False
-        await self._write_op(half.offset, half.headers.get(UNIQ_KEY, ""))
-        log.info("half %d settled earlier as %s", half.offset, (entry.value or b"").decode())
+        await self._write_op(half.offset, key)
+        log.info("half %d settled earlier as %s", half.offset, state.decode())
         return True
 
     async def _discard(self, half: _Half) -> None:

@@ -4,6 +4,7 @@ reconnect and the payload headroom, on a real nats-server."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 
@@ -126,6 +127,44 @@ def test_a_round_cut_short_by_max_round_s_is_resumed_by_the_next(
     ids = real_ids(nats_server, name)
     assert len(ids) == len(set(ids)) == 30, "nothing lost, nothing doubled"
     assert c.stats.check_requests == 30, "each half asked about once"
+
+
+class Held(Scripted):
+    """Answers COMMIT to checks, but only once ``gate`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda m: UNKNOW, COMMIT)
+        self.gate = threading.Event()
+
+    def check_local_transaction(self, msg: TransactionMessage) -> LocalTransactionState:
+        self.gate.wait(30)
+        return super().check_local_transaction(msg)
+
+
+def test_answers_that_lag_behind_the_rounds_commit_the_half_once(
+    nats_server: NatsServer,
+    real_stream: tuple[str, str],
+    manual: Coordinator,
+    producers: list[TransactionProducer],
+) -> None:
+    """Each round puts the unanswered half back and asks again: three copies, three
+    COMMIT answers arriving together. The first settles the transaction; the others only
+    finish their copy (JetStream's duplicate window would hide a second publish here, so
+    the coordinator's own counts are what tell)."""
+    name, prefix = real_stream
+    listener = Held()
+    p = producer(nats_server.url, listener, producers)
+    r = p.send_in_transaction(f"{prefix}.o", b"x")
+    old_enough(int(time.time() * 1000))
+    for _ in range(3):
+        manual.check_now()
+    assert manual.stats.check_requests == 3
+    listener.gate.set()
+    wait_until(lambda: manual.stats.ops_written == 3, what="an op for each copy")
+    assert (manual.stats.commits, manual.stats.settled_by_copy) == (1, 2)
+    assert real_ids(nats_server, name) == [r.msg_id]
+    manual.check_now()
+    assert manual.stats.check_requests == 3, "nothing left to ask about"
 
 
 def test_a_half_that_cannot_be_read_is_skipped_and_counted(
