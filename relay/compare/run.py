@@ -30,6 +30,7 @@ Only those dead rows are excused: any other dead row counts as lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -45,6 +46,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+import nats.js.errors
 from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session
 
@@ -55,6 +57,7 @@ from outbox.table import DEAD, outbox_message, transaction_record
 from relay.brokers.nats import create_stream, read_stream, stream_bytes
 from relay.compare.workload import FAULTS, POISON, Workload, business, orders, place_order
 from relay.halfop import (
+    CHECK_MAX_TOPIC,
     OP_TOPIC,
     Coordinator,
     CoordinatorSettings,
@@ -63,6 +66,7 @@ from relay.halfop import (
     SqlTransactionListener,
     TransactionProducer,
 )
+from relay.halfop.protocol import UNIQ_KEY
 from relay.testing.embedded import NatsServer
 from relay.testing.faults import (
     MarkKiller,
@@ -395,6 +399,7 @@ class ModelB(Run):
     def __init__(self, db: str, nats_url: str, server: NatsServer | None, w: Workload) -> None:
         super().__init__("b", db, nats_url, server, w)
         self.halfs = 0  # halfs stored: each must end in an op or a discard
+        self.half_ids: set[str] = set()
         listener = SqlTransactionListener(
             self.engine, place_order, group="compare", rollback_after_s=5.0
         )
@@ -419,6 +424,7 @@ class ModelB(Run):
             return "failed"
         with self._lock:
             self.halfs += 1
+            self.half_ids.add(result.msg_id)
         if result.local_state is LocalTransactionState.ROLLBACK_MESSAGE:
             return "rolled back"
         return "committed"
@@ -427,9 +433,12 @@ class ModelB(Run):
         if self.inject_common(name):
             return
         if name == "kill":
-            kill_producer_after_commit(self.db, self.via_proxy, self.subject, group="compare")
+            msg_id, _, _ = kill_producer_after_commit(
+                self.db, self.via_proxy, self.subject, group="compare"
+            )
             with self._lock:
                 self.halfs += 1
+                self.half_ids.add(msg_id)
         elif name == "drop-ends":
             self.producer.drop_end_requests = True
             time.sleep(self.w.fault_s)
@@ -451,11 +460,24 @@ class ModelB(Run):
             log.warning("model b: the op stream's size is unknown", exc_info=True)
 
     def wait_resolved(self) -> None:
-        """Until every half has its op or was discarded, so that none counts as unresolved."""
-        stats = self.coordinator.stats
+        """Until every half has its op or was discarded, so that none counts as unresolved
+        (by transaction: a half may have several ops, one per copy answered)."""
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
-        while stats.ops_written + stats.discarded < self.halfs and time.monotonic() < deadline:
-            time.sleep(0.2)
+        while (open_ := len(self.half_ids - self.resolved_ids())) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if open_:
+            log.warning("model b: %d halfs still unresolved after %d s", open_, SETTLE_TIMEOUT_S)
+
+    def resolved_ids(self) -> set[str]:
+        """The msg ids with an op or a discard record."""
+        found: set[str] = set()
+        for stream in (OP_TOPIC, CHECK_MAX_TOPIC):
+            with contextlib.suppress(nats.js.errors.NotFoundError):  # no discard yet
+                found.update(
+                    m.headers.get(UNIQ_KEY, "")
+                    for m in asyncio.run(read_stream(self.nats_url, stream))
+                )
+        return found
 
 
 class Rejected(Exception):

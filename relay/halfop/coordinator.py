@@ -40,6 +40,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
@@ -223,6 +224,7 @@ class Coordinator:
         self._ready = threading.Event()
         self._check_lock = asyncio.Lock()
         self._settling: dict[str, tuple[asyncio.Lock, int]] = {}  # msg id -> lock, users
+        self._ends: Subscription | None = None
 
     # -- lifecycle (a thread of its own, or `await run()` from a CLI) ----------------
 
@@ -278,10 +280,19 @@ class Coordinator:
                 except Exception:  # a bad round must not end the coordinator
                     log.exception("check round failed; the next one starts from the saved offsets")
         finally:
-            if self._ending:
-                await asyncio.gather(*list(self._ending), return_exceptions=True)
+            await self._finish_ends()
             if self._nc is not None and not self._nc.is_closed:
                 await self._nc.drain()
+
+    async def _finish_ends(self) -> None:
+        """Take no more end requests, then let those under way finish: one cut between
+        its real message and its op would be checked and committed again."""
+        if self._ends is not None and self._nc is not None and not self._nc.is_closed:
+            with contextlib.suppress(nats.errors.Error):
+                await self._ends.unsubscribe()
+                await self._nc.flush()
+        while self._ending:
+            await asyncio.gather(*list(self._ending), return_exceptions=True)
 
     async def _connect(self) -> None:
         """Connect, make sure of the streams and buckets, and listen for end requests."""
@@ -301,7 +312,9 @@ class Coordinator:
             self._kv = await self._bucket(OFFSETS_BUCKET)
             ttl = self.settings.file_reserved_time_s
             self._settled = await self._bucket(SETTLED_BUCKET, ttl=ttl)
-            await nc.subscribe(END_SUBJECT, queue="outbox-coordinator", cb=self._on_end)
+            self._ends = await nc.subscribe(
+                END_SUBJECT, queue="outbox-coordinator", cb=self._on_end
+            )
             await nc.flush()  # the server has the subscription: no end request missed
         except BaseException:
             await nc.close()
@@ -380,14 +393,14 @@ class Coordinator:
             return False
         half = await self._half(half_offset)
         refusal = end_refusal(half.headers if half else None, group, transaction_id, msg_id)
-        if refusal is not None or half is None:
+        if half is None or refusal is not None:
             self.stats.ends_refused += 1
             log.warning("end request (%s) for half %d refused: %s", state, half_offset, refusal)
             return False
         # A half with copies (put back by a round, maybe by a coordinator since killed)
         # may be answered once per copy: the first answer settles the transaction, the
         # others only finish their copy, so no half is committed twice.
-        copied = half_offset < self._walked_to or header_number(half.headers, CHECK_TIMES, 0) > 0
+        copied = self._may_have_copies(half)
         async with self._one_at_a_time(msg_id):
             if copied and await self._settled_state(msg_id) is not None:
                 self.stats.settled_by_copy += 1
@@ -395,6 +408,17 @@ class Coordinator:
                 await self._settle(half, state, remember=copied)
             await self._write_op(half_offset, msg_id)
         return True
+
+    def _may_have_copies(self, half: _Half) -> bool:
+        """Whether a round (this coordinator's or an earlier one's) may have put this half
+        back: a copy, one with its own immunity, or one old enough to be checked. A half
+        answered in time (the usual end request) costs no lookup."""
+        if half.offset < self._walked_to or CHECK_IMMUNITY_TIME in half.headers:
+            return True
+        if header_number(half.headers, CHECK_TIMES, 0) > 0:
+            return True
+        age = self._age(half)  # the walk's own measure: it checks from this age on
+        return not 0 <= age < self.settings.transaction_timeout_s
 
     async def _settle(self, half: _Half, state: str, remember: bool) -> None:
         if state == LocalTransactionState.COMMIT_MESSAGE.value:
