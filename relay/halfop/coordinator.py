@@ -53,6 +53,7 @@ from relay.halfop.oplog import (
     allow_direct,
     build_remove_map,
     fill_remove_map,
+    missing_offsets,
     need_check,
     next_op_offset,
     op_of,
@@ -596,6 +597,7 @@ class Coordinator:
         rnd.ops_read += len(ops)
         rnd.last_op_born = ops[-1].born if ops else None
         if ops:
+            rnd.done += missing_offsets(rnd.next_op, ops)
             rnd.next_op = ops[-1].offset + 1
         fill_remove_map(rnd.remove, rnd.done, ops, rnd.half_offset)
 

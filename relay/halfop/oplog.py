@@ -77,6 +77,13 @@ def need_check(
     return last_op_born - round_started > timeout_s
 
 
+def missing_offsets(start: int, ops: list[Op]) -> list[int]:
+    """The op offsets from ``start`` up to the last of ``ops`` that the stream no longer
+    holds (deleted, or purged by a limit): done, or the op offset would stick there."""
+    present = {op.offset for op in ops}
+    return [o for o in range(start, ops[-1].offset) if o not in present] if ops else []
+
+
 def next_op_offset(op_offset: int, done: Iterable[int]) -> int:
     """Advance past the run of done op offsets that starts at ``op_offset``."""
     finished = set(done)

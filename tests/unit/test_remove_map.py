@@ -7,7 +7,14 @@ import pytest
 
 from outbox.errors import ConfigError
 from relay.halfop.coordinator import CoordinatorSettings, end_refusal
-from relay.halfop.oplog import Op, build_remove_map, fill_remove_map, need_check, next_op_offset
+from relay.halfop.oplog import (
+    Op,
+    build_remove_map,
+    fill_remove_map,
+    missing_offsets,
+    need_check,
+    next_op_offset,
+)
 
 
 def test_ops_out_of_order_and_in_batches() -> None:
@@ -110,3 +117,11 @@ def test_settings_refuse_bad_values_naming_the_field(field: str, value: float) -
 def test_round_limit_and_half_retries_default_to_rocketmqs() -> None:
     settings = CoordinatorSettings()
     assert (settings.max_round_s, settings.half_read_retries) == (60.0, 1)
+
+
+def test_op_offsets_the_stream_no_longer_holds_count_as_done() -> None:
+    ops = [Op(12, 3, 0.0), Op(14, 4, 0.0), Op(15, None, 0.0)]
+    assert missing_offsets(10, ops) == [10, 11, 13]
+    assert missing_offsets(10, []) == []
+    done = [*missing_offsets(10, ops), 12, 14, 15]
+    assert next_op_offset(10, done) == 16, "the op offset moves past a deleted op"
