@@ -65,7 +65,8 @@ def scheduled_world(engine: Engine) -> dict[str, Any]:
 
 
 def status_json(db: str) -> dict[str, Any]:
-    done = cli("status", "--db", db, "--json")
+    # An SLA past the due row's minute of waiting: it is pending, not stuck.
+    done = cli("status", "--db", db, "--json", "--sla", "600")
     assert done.returncode == 0, done.stderr  # nothing dead
     report: dict[str, Any] = json.loads(done.stdout)
     return report
@@ -76,7 +77,7 @@ def test_status_counts_scheduled_apart_from_pending(any_db: str, engine: Engine)
     report = status_json(any_db)
     topics = {r["topic"]: r for r in report["topics"]}
     a, b = topics["sch.a"], topics["sch.b"]
-    assert (a["pending"], a["scheduled"], a["canceled"], a["dead"]) == (1, 2, 1, 0)
+    assert (a["pending"], a["stuck"], a["scheduled"], a["canceled"], a["dead"]) == (1, 0, 2, 1, 0)
     # the due row waits since its deliver_at, not since its creation two hours ago
     assert 60 <= a["oldest_pending_age_s"] < 60 + SLACK_S, a
     assert datetime.fromisoformat(a["next_due"]) == world["soon"]
@@ -87,13 +88,13 @@ def test_status_counts_scheduled_apart_from_pending(any_db: str, engine: Engine)
     assert (total["pending"], total["scheduled"], total["canceled"]) == (2, 2, 1)
     assert datetime.fromisoformat(total["next_due"]) == world["soon"]
 
-    table = cli("status", "--db", any_db).stdout.splitlines()
+    table = cli("status", "--db", any_db, "--sla", "600").stdout.splitlines()
     header = table[0].split()
-    assert header[6:9] == ["scheduled", "next_due", "canceled"], header
+    assert header[7:10] == ["scheduled", "next_due", "canceled"], header
     rows = {line.split()[0]: line.split() for line in table[1:]}
-    assert rows["sch.a"][6:10] == ["2", "in", "10m", "1"], rows["sch.a"]
-    assert rows["sch.b"][6:9] == ["0", "-", "0"], rows["sch.b"]
-    assert rows["TOTAL"][1] == "2" and rows["TOTAL"][6:10] == ["2", "in", "10m", "1"]
+    assert rows["sch.a"][7:11] == ["2", "in", "10m", "1"], rows["sch.a"]
+    assert rows["sch.b"][7:10] == ["0", "-", "0"], rows["sch.b"]
+    assert rows["TOTAL"][1] == "2" and rows["TOTAL"][7:11] == ["2", "in", "10m", "1"]
 
 
 def test_gauges_count_scheduled_apart_from_pending(engine: Engine) -> None:
