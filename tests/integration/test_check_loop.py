@@ -12,7 +12,7 @@ import nats
 import pytest
 
 from outbox.message import build_message
-from relay.brokers.nats import create_stream, header_size, read_stream
+from relay.brokers.nats import header_size, read_stream
 from relay.halfop import (
     CHECK_MAX_TOPIC,
     HALF_TOPIC,
@@ -36,18 +36,12 @@ from relay.halfop.protocol import (
     half_headers,
 )
 from relay.testing.embedded import NatsServer
+from tests.halfop import COMMIT, UNKNOW, producer
 from tests.helpers import wait_until
-from tests.integration.test_halfop import COMMIT, UNKNOW, Scripted, count, producer, real_ids
+from tests.integration.test_halfop import Scripted, count, real_ids
 
 # Rounds only when a test asks (check_now), so it can look at each one's stats.
 MANUAL = CoordinatorSettings(check_interval_s=3600, transaction_timeout_s=0.3, check_max=100)
-
-
-@pytest.fixture
-def real_stream(nats_server: NatsServer, stream: tuple[str, str]) -> tuple[str, str]:
-    name, prefix = stream
-    create_stream(nats_server.url, name, f"{prefix}.>")
-    return name, prefix
 
 
 @pytest.fixture
@@ -56,14 +50,6 @@ def manual(nats_server: NatsServer) -> Iterator[Coordinator]:
     c.start()
     yield c
     c.stop()
-
-
-@pytest.fixture
-def producers() -> Iterator[list[TransactionProducer]]:
-    started: list[TransactionProducer] = []
-    yield started
-    for p in started:
-        p.stop()
 
 
 def old_enough(born_ms: int, seconds: float = 0.4) -> None:

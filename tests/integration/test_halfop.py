@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, func, select
 
 from outbox import migrate
-from relay.brokers.nats import create_stream, read_stream
+from relay.brokers.nats import read_stream
 from relay.compare.workload import business, orders, place_order
 from relay.halfop import (
     CHECK_MAX_TOPIC,
@@ -31,14 +31,8 @@ from relay.halfop import (
 )
 from relay.testing.embedded import NatsServer
 from relay.testing.faults import kill_producer_after_commit
+from tests.halfop import COMMIT, QUICK, ROLLBACK, UNKNOW, producer
 from tests.helpers import wait_until
-
-QUICK = CoordinatorSettings(check_interval_s=0.2, transaction_timeout_s=0.3, check_max=15)
-COMMIT, ROLLBACK, UNKNOW = (
-    LocalTransactionState.COMMIT_MESSAGE,
-    LocalTransactionState.ROLLBACK_MESSAGE,
-    LocalTransactionState.UNKNOW,
-)
 
 
 class Scripted(TransactionListener):
@@ -56,42 +50,6 @@ class Scripted(TransactionListener):
     def check_local_transaction(self, msg: TransactionMessage) -> LocalTransactionState:
         self.checks[msg.msg_id] += 1
         return self.check
-
-
-@pytest.fixture
-def real_stream(nats_server: NatsServer, stream: tuple[str, str]) -> tuple[str, str]:
-    """A stream consumers read for the real topics of this test."""
-    name, prefix = stream
-    create_stream(nats_server.url, name, f"{prefix}.>")
-    return name, prefix
-
-
-@pytest.fixture
-def coordinator(nats_server: NatsServer) -> Iterator[Coordinator]:
-    c = Coordinator(nats_server.url, QUICK)
-    c.start()
-    yield c
-    c.stop()
-
-
-@pytest.fixture
-def producers() -> Iterator[list[TransactionProducer]]:
-    started: list[TransactionProducer] = []
-    yield started
-    for p in started:
-        p.stop()
-
-
-def producer(
-    url: str,
-    listener: TransactionListener,
-    started: list[TransactionProducer],
-    group: str = "orders",
-) -> TransactionProducer:
-    p = TransactionProducer(group=group, broker=url, listener=listener)
-    p.start()
-    started.append(p)
-    return p
 
 
 def real_ids(server: NatsServer, name: str) -> list[str | None]:

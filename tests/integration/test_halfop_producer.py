@@ -6,18 +6,16 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from nats.aio.client import Client
 
 from outbox.errors import ConfigError
-from relay.brokers.nats import DEDUP_HEADER, create_stream, read_stream
+from relay.brokers.nats import DEDUP_HEADER, read_stream
 from relay.halfop import (
     HALF_TOPIC,
     Coordinator,
-    CoordinatorSettings,
     LocalTransactionState,
     SendResult,
     SendStatus,
@@ -27,14 +25,8 @@ from relay.halfop import (
 )
 from relay.testing.embedded import NatsServer
 from relay.testing.faults import TcpProxy
+from tests.halfop import COMMIT, ROLLBACK, UNKNOW, producer
 from tests.helpers import wait_until
-
-QUICK = CoordinatorSettings(check_interval_s=0.2, transaction_timeout_s=0.3, check_max=15)
-COMMIT, ROLLBACK, UNKNOW = (
-    LocalTransactionState.COMMIT_MESSAGE,
-    LocalTransactionState.ROLLBACK_MESSAGE,
-    LocalTransactionState.UNKNOW,
-)
 
 
 class Recording(TransactionListener):
@@ -56,31 +48,6 @@ class Recording(TransactionListener):
         with self._lock:
             self.checks += 1
             return self.ran.get(msg.transaction_id, UNKNOW)  # not run (yet): ask again
-
-
-@pytest.fixture
-def producers() -> Iterator[list[TransactionProducer]]:
-    started: list[TransactionProducer] = []
-    yield started
-    for p in started:
-        p.stop()
-
-
-@pytest.fixture
-def coordinator(nats_server: NatsServer) -> Iterator[Coordinator]:
-    c = Coordinator(nats_server.url, QUICK)
-    c.start()
-    yield c
-    c.stop()
-
-
-def started(
-    url: str, listener: TransactionListener, producers: list[TransactionProducer], **options: Any
-) -> TransactionProducer:
-    p = TransactionProducer(group="orders", broker=url, listener=listener, **options)
-    p.start()
-    producers.append(p)
-    return p
 
 
 def stored(server: NatsServer, stream: str) -> list[Any]:
@@ -106,7 +73,7 @@ def test_a_send_is_retried_after_the_server_came_back(
     nats_server: NatsServer, producers: list[TransactionProducer]
 ) -> None:
     listener = Recording()
-    p = started(nats_server.url, listener, producers, send_timeout_s=1.0,
+    p = producer(nats_server.url, listener, producers, send_timeout_s=1.0,
                 retry_times_when_send_failed=8)  # fmt: skip
     nats_server.stop()
     sender, results = in_thread(p, "t.orders")
@@ -125,7 +92,7 @@ def test_a_half_whose_ack_was_lost_is_stored_once(
     proxy = TcpProxy(nats_server.port).start()
     try:
         listener = Recording()
-        p = started(f"nats://127.0.0.1:{proxy.port}", listener, producers,
+        p = producer(f"nats://127.0.0.1:{proxy.port}", listener, producers,
                     send_timeout_s=1.0, retry_times_when_send_failed=8)  # fmt: skip
         proxy.dropping_replies = True  # the half arrives, its ack does not
         sender, results = in_thread(p, "t.orders")
@@ -147,14 +114,13 @@ def test_a_half_whose_ack_was_lost_is_stored_once(
 
 def test_a_put_back_half_is_not_dropped_as_a_duplicate(
     nats_server: NatsServer,
-    stream: tuple[str, str],
+    real_stream: tuple[str, str],
     coordinator: Coordinator,
     producers: list[TransactionProducer],
 ) -> None:
     """The coordinator's copies of a half must not carry the producer's Nats-Msg-Id."""
-    name, prefix = stream
-    create_stream(nats_server.url, name, f"{prefix}.>")
-    p = started(nats_server.url, Recording(execute=UNKNOW), producers)
+    name, prefix = real_stream
+    p = producer(nats_server.url, Recording(execute=UNKNOW), producers)
     result = p.send_in_transaction(f"{prefix}.orders", b"x")
     wait_until(lambda: len(stored(nats_server, name)) == 1, what="delivery after a check")
     halfs = stored(nats_server, HALF_TOPIC)
@@ -168,7 +134,7 @@ def test_payload_too_large_for_the_server_is_not_retried(
 ) -> None:
     listener = Recording()
     # The producer's own limit lets it through; the server's (1 MB) does not.
-    p = started(nats_server.url, listener, producers, max_payload_bytes=4 * 1024 * 1024)
+    p = producer(nats_server.url, listener, producers, max_payload_bytes=4 * 1024 * 1024)
     result = p.send_in_transaction("t.orders", b"x" * (1024 * 1024 + 1))
     assert result.send_status is SendStatus.SEND_FAILED and "PayloadTooLarge" in (
         result.error or ""
@@ -181,7 +147,7 @@ def test_the_local_transaction_does_not_run_when_every_attempt_failed(
     nats_server: NatsServer, producers: list[TransactionProducer]
 ) -> None:
     listener = Recording()
-    p = started(nats_server.url, listener, producers, send_timeout_s=0.3,
+    p = producer(nats_server.url, listener, producers, send_timeout_s=0.3,
                 retry_times_when_send_failed=2)  # fmt: skip
     nats_server.stop()
     began = time.monotonic()
@@ -201,14 +167,13 @@ async def _over_max_payload(nc: Client) -> None:
 
 def test_the_link_comes_back_after_the_server_closed_it(
     nats_server: NatsServer,
-    stream: tuple[str, str],
+    real_stream: tuple[str, str],
     coordinator: Coordinator,
     producers: list[TransactionProducer],
 ) -> None:
-    name, prefix = stream
-    create_stream(nats_server.url, name, f"{prefix}.>")
+    name, prefix = real_stream
     listener = Recording(execute=UNKNOW)  # settled only by a check answer
-    p = started(nats_server.url, listener, producers)
+    p = producer(nats_server.url, listener, producers)
     nc = p._link._conn.nc
     assert nc is not None
     p._link._loop.submit(_over_max_payload(nc)).result(10)
@@ -224,14 +189,13 @@ def test_the_link_comes_back_after_the_server_closed_it(
 
 def test_a_server_restart_during_sends_loses_nothing(
     nats_server: NatsServer,
-    stream: tuple[str, str],
+    real_stream: tuple[str, str],
     coordinator: Coordinator,
     producers: list[TransactionProducer],
 ) -> None:
-    name, prefix = stream
-    create_stream(nats_server.url, name, f"{prefix}.>")
+    name, prefix = real_stream
     listener = Recording()
-    p = started(nats_server.url, listener, producers, send_timeout_s=2.0)
+    p = producer(nats_server.url, listener, producers, send_timeout_s=2.0)
     results: list[SendResult] = []
     done = threading.Event()
 
