@@ -20,6 +20,7 @@ from relay.halfop import (
     Coordinator,
     CoordinatorSettings,
     LocalTransactionState,
+    SendResult,
     SendStatus,
     TransactionMessage,
     TransactionProducer,
@@ -65,6 +66,17 @@ def stream_len(server: NatsServer, name: str) -> int:
             await nc.close()
 
     return asyncio.run(last())
+
+
+def commit_request(r: SendResult) -> dict[str, str]:
+    """The COMMIT end request the producer of ``r`` would send."""
+    return {
+        HALF_OFFSET: str(r.half_offset),
+        COMMIT_OR_ROLLBACK: COMMIT.value,
+        PGROUP: "orders",
+        TRANSACTION_ID: r.transaction_id,
+        UNIQ_KEY: r.msg_id,
+    }
 
 
 async def publish_end(url: str, requests: list[dict[str, str]]) -> None:
@@ -182,13 +194,7 @@ def test_a_late_end_request_and_the_answer_for_its_copy_commit_once(
     manual.stop()
     manual = Coordinator(nats_server.url, MANUAL)
     manual.start()
-    late = {
-        HALF_OFFSET: str(r.half_offset),
-        COMMIT_OR_ROLLBACK: COMMIT.value,
-        PGROUP: "orders",
-        TRANSACTION_ID: r.transaction_id,
-        UNIQ_KEY: r.msg_id,
-    }
+    late = commit_request(r)
     asyncio.run(publish_end(nats_server.url, [late]))
     wait_until(lambda: manual.stats.ops_written == 1, what="the late end request's op")
     listener.gate.set()
@@ -241,13 +247,7 @@ def test_end_requests_that_do_not_match_their_half_are_refused(
     name, prefix = real_stream
     p = producer(nats_server.url, Scripted(lambda m: UNKNOW, COMMIT), producers)
     r = p.send_in_transaction(f"{prefix}.o", b"x")
-    good = {
-        HALF_OFFSET: str(r.half_offset),
-        COMMIT_OR_ROLLBACK: COMMIT.value,
-        PGROUP: "orders",
-        TRANSACTION_ID: r.transaction_id,
-        UNIQ_KEY: r.msg_id,
-    }
+    good = commit_request(r)
     forged = [
         {**good, PGROUP: "other"},
         {**good, TRANSACTION_ID: "t-forged"},
