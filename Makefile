@@ -7,6 +7,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 SERVICES := postgres mariadb rabbitmq redis
 JDBC_JAR := /usr/share/java/postgresql.jar
 PROMTOOL := /usr/bin/promtool
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: demo test lint typecheck imports check services bench bench-peers clean
 
@@ -16,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-services: $(JDBC_JAR) $(PROMTOOL)
+services: $(JDBC_JAR) $(PROMTOOL) $(CHROMIUM)
 	scripts/services.sh $(SERVICES)
 
 # promtool, to check examples/relay_worker/alerts.yml (Debian's prometheus package; its
@@ -27,6 +28,11 @@ $(PROMTOOL):
 # The PostgreSQL JDBC driver for Spark's partitioned ledger reads (Debian's package).
 $(JDBC_JAR):
 	apt-get update -qq && apt-get install -y -qq libpostgresql-jdbc-java
+
+# Debian's chromium, driven headless by Playwright in the browser tests (tests/browser.py):
+# `playwright install` would download a browser build this machine cannot fetch.
+$(CHROMIUM):
+	apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium
 
 test: $(STAMP) services
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -24,6 +24,9 @@ from tests.flavours import ASYNC_DRIVERS, Flavour
 from tests.helpers import migrated
 
 PG_URL = os.environ.get("OUTBOX_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+# The browser tests' fixtures: `browser` (one headless chromium) and `page`.
+pytest_plugins = ["tests.browser"]
+
 MARIADB_URL = os.environ.get("OUTBOX_TEST_MARIADB", "mysql+pymysql://root@127.0.0.1:3306/test")
 
 
