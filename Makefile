@@ -34,8 +34,10 @@ $(JDBC_JAR):
 $(CHROMIUM):
 	apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium
 
+# Two xdist workers (the tests wait on brokers and subprocesses as much as they compute);
+# the Spark tests share one of them (tests/conftest.py).
 test: $(STAMP) services
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

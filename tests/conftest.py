@@ -27,6 +27,7 @@ PG_URL = os.environ.get("OUTBOX_TEST_PG", "postgresql+psycopg://postgres@127.0.0
 # The browser tests' fixtures: `browser` (one headless chromium) and `page`.
 pytest_plugins = ["tests.browser"]
 
+SPARK_FIXTURES = {"spark", "spark_cluster"}
 MARIADB_URL = os.environ.get("OUTBOX_TEST_MARIADB", "mysql+pymysql://root@127.0.0.1:3306/test")
 
 
@@ -153,3 +154,12 @@ def make_flavour(request: pytest.FixtureRequest, name: str) -> Iterator[Flavour]
     yield Flavour(name, ob, engine, is_async=given is not None)
     ob.stop()
     engine.dispose()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`make test` runs two xdist workers: the tests on the session's SparkSession or Spark
+    cluster all go to one of them, so the suite starts one of each."""
+    for item in items:
+        if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("spark"))

@@ -254,7 +254,9 @@ def test_model_b_run_reconciled_from_records_halfs_ops_and_the_real_stream(
         2,
         1,
     )
-    assert (total["halfs"], total["ops"], total["unresolved"], total["discarded"]) == (40, 40, 0, 0)
+    assert (total["halfs"], total["unresolved"], total["discarded"]) == (40, 0, 0)
+    # One op per half written: a round that put a half back (a slow answer) adds a copy's op.
+    assert total["halfs"] <= total["ops"] <= total["half_writes"], total
     assert total["checks"] >= 40 and total["half_writes"] >= 80  # each checked and put back
 
 
