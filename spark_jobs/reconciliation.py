@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
@@ -22,7 +23,10 @@ LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 1000
 KINDS = ("delivered", "pending", "stuck", "scheduled", "lost", "dead", "skipped", "canceled",
          "phantom", "malformed")  # fmt: skip
 FOUND = ("lost", "stuck", "phantom", "dead", "skipped", "malformed")  # kinds discrepancies/ lists
-LISTED = 20  # out-of-order deliveries report.html shows; discrepancies/ has them all
+LISTED = 20  # findings of each kind report.html shows; discrepancies/ has them all
+# discrepancies/ and discrepancies.csv: one row per finding, in this column order.
+FINDING_COLUMNS = ("kind", "msg_id", "topic", "created_at", "details", "attempts", "copies",
+                   "first_at_broker", "key", "seq", "after_seq")  # fmt: skip
 
 
 def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
@@ -74,7 +78,7 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
         .otherwise(F.lit("lost"))
     )
     judged = (
-        valid.select("msg_id", "topic", "status", "created_at", "deliver_at")
+        valid.select("msg_id", "topic", "status", "created_at", "deliver_at", "attempts")
         .join(copies, "msg_id", "full_outer")
         .where((in_ledger & in_window) | phantom)
         .select(
@@ -89,10 +93,13 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
             F.col("first.key").alias("key"),
             F.col("first.seq").alias("seq"),
             "after_seq",
+            "created_at",
+            "attempts",
+            F.col("first_ts").alias("first_at_broker"),
         )
     )
     malformed = ledger.where(F.col("msg_id").isNull() | (F.length("msg_id") == 0)).select(
-        "msg_id", "topic", F.lit(0).alias("copies"), "id"
+        "msg_id", "topic", F.lit(0).alias("copies"), "id", "created_at", "attempts"
     )
     malformed = labelled(
         malformed, "malformed", F.concat(F.lit("ledger id "), F.col("id").cast("string"))
@@ -102,9 +109,12 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
 
 def with_ledger_columns(ledger: DataFrame) -> DataFrame:
     """The ledger with ``deliver_at``: null where the export had none (older exports,
-    model B's records): every message then is due at its commit."""
+    model B's records): every message then is due at its commit. And ``attempts``, null
+    where there are none (model B's records)."""
     if "deliver_at" not in ledger.columns:
         ledger = ledger.withColumn("deliver_at", F.lit(None).cast("timestamp"))
+    if "attempts" not in ledger.columns:
+        ledger = ledger.withColumn("attempts", F.lit(None).cast("int"))
     return ledger
 
 
@@ -131,6 +141,9 @@ def labelled(frame: DataFrame, kind: str, details: Column) -> DataFrame:
         F.lit(None).cast("string").alias("key"),
         F.lit(None).cast("bigint").alias("seq"),
         F.lit(None).cast("bigint").alias("after_seq"),
+        "created_at",
+        "attempts",
+        F.lit(None).cast("timestamp").alias("first_at_broker"),
     )
 
 
@@ -203,8 +216,10 @@ def reconcile(
     window: Window,
     halfop_path: str | None = None,
     step: Callable[[str], None] = lambda _: None,
+    links: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """Read the inputs, write summary.json, discrepancies/ and report.html.
+    """Read the inputs, write summary.json, discrepancies/ (Parquet), discrepancies.csv
+    and report.html (``links``: its links to related pages, (label, relative href)).
 
     With ``halfop_path`` the run is for model B: ``ledger_path`` then holds the
     SqlTransactionListener's records, and the half/op log adds model B's counts.
@@ -244,8 +259,10 @@ def reconcile(
     written = write_discrepancies(classified, out / "discrepancies")
     listed = first_out_of_order(classified) if summary["total"].get("out_of_order") else []
     classified.unpersist()
+    write_csv(spark, out / "discrepancies", out / "discrepancies.csv")
+    findings = first_findings(spark, out / "discrepancies") if written else {}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    write_report(out / "report.html", summary, out_of_order=listed)
+    write_report(out / "report.html", summary, out_of_order=listed, findings=findings, links=links)
     step(f"wrote {written} discrepancies, summary.json and report.html to {out}")
     return summary
 
@@ -266,9 +283,11 @@ def outcome(total: dict[str, Any]) -> str:
 
 
 def write_discrepancies(classified: DataFrame, path: Path) -> int:
-    """One row per finding (msg_id, kind, topic, copies, details, key, seq, after_seq)
-    for every message that is not a clean delivery: lost, stuck, phantom, dead, skipped,
-    malformed or duplicated, and out of order besides (then a row more); returns how many."""
+    """One row per finding (FINDING_COLUMNS: what is known of the message: its ledger
+    row's commit time, status and attempts, its copies at the broker and the first
+    one's time, its key and seq) for every message that is not a clean delivery: lost,
+    stuck, phantom, dead, skipped, malformed or duplicated, and out of order besides (then
+    a row more); returns how many."""
     kind = F.when(F.col("kind").isin(*FOUND), F.col("kind")).when(
         F.col("copies") > 1, F.lit("duplicated")
     )
@@ -278,10 +297,52 @@ def write_discrepancies(classified: DataFrame, path: Path) -> int:
     )
     came_after = F.format_string("seq %d after %d", F.col("seq"), F.col("after_seq"))
     details = F.when(F.col("kind") == "out_of_order", came_after).otherwise(F.col("details"))
-    found.select(
-        "msg_id", "kind", "topic", "copies", details.alias("details"), "key", "seq", "after_seq"
-    ).write.mode("overwrite").parquet(str(path))
+    columns = [details.alias("details") if c == "details" else c for c in FINDING_COLUMNS]
+    found.select(*columns).write.mode("overwrite").parquet(str(path))
     return classified.sparkSession.read.parquet(str(path)).count()  # Parquet's footers: cheap
+
+
+def write_csv(spark: SparkSession, parquet: Path, path: Path) -> None:
+    """discrepancies/ as one CSV file with a header, sorted by kind, topic and msg_id:
+    Spark writes it (in one task: no row reaches the driver), then its part file moves."""
+    parts = path.with_name(path.name + ".parts")
+    found = spark.read.parquet(str(parquet)).coalesce(1)
+    found.sortWithinPartitions("kind", "topic", "msg_id").write.mode("overwrite").csv(
+        str(parts), header=True, escape='"', timestampFormat="yyyy-MM-dd HH:mm:ss.SSSXXX"
+    )  # a quote in a field doubled (RFC 4180), as spreadsheets and Python's csv read it
+    written = sorted(parts.glob("part-*"))
+    if written and written[0].stat().st_size:
+        written[0].replace(path)
+    else:  # no finding: Spark writes no header
+        path.write_text(",".join(FINDING_COLUMNS) + "\n")
+    shutil.rmtree(parts)
+
+
+def first_findings(spark: SparkSession, parquet: Path) -> dict[str, list[dict[str, Any]]]:
+    """The first ``LISTED`` findings of each kind report.html lists, by commit time (a
+    top-N per kind on the executors: only those rows reach the driver)."""
+    from pyspark.sql import Window as W
+
+    from spark_jobs.report import LISTED_KINDS
+
+    order = W.partitionBy("kind").orderBy(
+        F.col("created_at").asc_nulls_last(), F.col("first_at_broker"), F.col("msg_id")
+    )
+    shown = "yyyy-MM-dd HH:mm:ss.SSSXXX"  # in the session's time zone, UTC for the jobs
+    rows = (
+        spark.read.parquet(str(parquet))
+        .where(F.col("kind").isin(*LISTED_KINDS))
+        .withColumn("n", F.row_number().over(order))
+        .where(F.col("n") <= LISTED)
+        .withColumn("created_at", F.date_format("created_at", shown))
+        .withColumn("first_at_broker", F.date_format("first_at_broker", shown))
+        .orderBy("kind", "n")
+        .collect()
+    )
+    found: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        found.setdefault(row["kind"], []).append(row.asDict())
+    return found
 
 
 def first_out_of_order(classified: DataFrame) -> list[dict[str, Any]]:

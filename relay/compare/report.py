@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import html
 import json
 import logging
 import time
@@ -20,6 +19,8 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from jinja2 import PackageLoader
 
 from outbox import migrate
 from outbox.errors import OutboxError
@@ -34,7 +35,7 @@ from relay.compare.workload import Workload
 from relay.testing import NatsServer, scratch_schema
 from spark_jobs import session
 from spark_jobs.reconcile_job import exit_status, spark_error, told
-from spark_jobs.report import bar_chart, fmt
+from spark_jobs.report import embedded, environment, fmt, latency_chart, verdict, write_plotlyjs
 from spark_jobs.window import Window
 
 if TYPE_CHECKING:
@@ -67,6 +68,9 @@ ROWS = (
     ("failed", "transactions failed by a fault"),
     ("poisoned", "poison transactions offered"),
 )
+
+# report.html's link back to compare.html, from <out>/<model>/report/.
+BACK = ("the comparison of both models (compare.html)", "../../compare.html")
 
 # Figures only model B has: model A's column says "n/a".
 ONLY_B = {
@@ -189,56 +193,33 @@ def reconcile_model(
     halfop = files.get("halfop")
     summary = reconcile(
         spark, files["ledger"], files["broker"], out / "report", window, halfop,
-        lambda what: step(f"model {result.model}: {what}"),
+        lambda what: step(f"model {result.model}: {what}"), links=[BACK],
     )  # fmt: skip
     writes = stored_rows(files["broker"], *([halfop] if halfop else []))
     return figures(result, summary, writes)
 
 
-def cells(*values: str) -> str:
-    return "<tr>" + "".join(f"<td>{v}</td>" for v in values) + "</tr>"
-
-
 def write_html(path: Path, models: dict[str, dict[str, Any]], workload: Workload) -> None:
+    """compare.html beside the models' folders (``a/report/report.html``, linked)."""
     a, b = models["a"], models["b"]
-    rows = "".join(cells(html.escape(label), shown(a, key), shown(b, key)) for key, label in ROWS)
-    faults = (
-        "".join(
-            cells(html.escape(name), settle(a, name), settle(b, name)) for name in workload.faults
-        )
-        or '<tr><td colspan="3">no faults injected</td></tr>'
-    )
-    charts = "".join(
-        f'<div class="model" id="latency-{m}"><h3>Model {m.upper()}</h3>{latency_chart(models[m])}'
-        "</div>"
+    # one y range for both histograms: the same count is drawn at the same height
+    top = max((int(n) for m in (a, b) for _, n in m["latency_histogram"]), default=1)
+    charts = [
+        (m, embedded(latency_chart(models[m]["latency_histogram"], top), f"chart-{m}"))
         for m in ("a", "b")
+    ]
+    env = environment(PackageLoader("relay.compare", "templates"))
+    page = env.get_template("compare.html").render(
+        title="Outbox vs half/op",
+        workload=workload,
+        rows=[(label, shown(a, key), shown(b, key)) for key, label in ROWS],
+        faults=[(name, settle(a, name), settle(b, name)) for name in workload.faults],
+        verdicts=[(m, verdict(models[m])) for m in ("a", "b")],
+        reports={m: f"{m}/report/report.html" for m in ("a", "b")},
+        charts=charts,
     )
-    page = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Outbox vs half/op</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin-bottom:1em}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child{{text-align:left}}
-.model{{display:inline-block;vertical-align:top;margin-right:2em}}</style></head><body>
-<h1>Model A (outbox) and model B (half/op), same workload</h1>
-<p>{workload.transactions} transactions per model, {workload.concurrency} threads,
-{workload.rate:g} tx/s offered, rollback rate {workload.rollback_rate:g},
-poison rate {workload.poison_rate:g}, payload {workload.payload_size} B of padding.</p>
-<table id="side-by-side"><thead><tr><th>figure</th><th>model A: outbox</th>
-<th>model B: half/op</th></tr></thead><tbody>{rows}</tbody></table>
-<h2>Seconds to settle after each fault</h2>
-<p>From the fault's end until every message committed by then was at the broker
-(dead-lettered poison aside).</p>
-<table id="faults"><thead><tr><th>fault ({workload.fault_s:g} s)</th><th>model A</th>
-<th>model B</th></tr></thead><tbody>{faults}</tbody></table>
-<h2>Commit to broker latency (ms)</h2>
-{charts}
-</body></html>
-"""
+    write_plotlyjs(path.parent)
     path.write_text(page)
-
-
-def latency_chart(model: dict[str, Any]) -> str:
-    bars = [(label, float(count)) for label, count in model["latency_histogram"]]
-    return bar_chart("commit to broker latency", bars, width=560)
 
 
 def settle(model: dict[str, Any], name: str) -> str:

@@ -85,7 +85,11 @@ def test_a_lower_seq_after_a_higher_one_is_out_of_order(
     assert found == [{"kind": "out_of_order", "msg_id": "m3", "key": "K", "seq": 3,
                       "after_seq": 4, "details": "seq 3 after 4"}]  # fmt: skip
     page = (tmp_path / "out" / "report.html").read_text()
-    assert 'id="out-of-order"' in page and "<td>m3</td>" in page and "DISCREPANCIES" in page
+    assert (
+        'id="out-of-order"' in page
+        and '<td class="text">m3</td>' in page
+        and "DISCREPANCIES" in page
+    )
 
 
 def test_a_later_copy_is_a_duplicate_not_out_of_order(spark: SparkSession, tmp_path: Path) -> None:

@@ -82,7 +82,7 @@ def test_scheduled_canceled_and_due_messages(spark: SparkSession, tmp_path: Path
     # highest is m1's, 1 s from commit to broker
     assert total["latency_max_ms"] == pytest.approx(1000, abs=1)
     page = (out / "report.html").read_text()
-    assert "<th>scheduled</th>" in page and "<th>canceled</th>" in page
+    assert "<th>scheduled (due later)</th>" in page and "<th>canceled</th>" in page
 
 
 def test_a_ledger_exported_before_deliver_at_still_reconciles(
