@@ -26,6 +26,7 @@ ENABLES = {
     "spark": ["relay.export", "spark_jobs.reconciliation", "spark_jobs.ledger"],
     "compare": ["relay.compare.report", "relay.compare.run"],
     "web": ["flask", "fastapi", "uvicorn", "httpx"],
+    "dashboard": ["fastapi", "uvicorn", "jinja2", "plotly", "multipart"],
     "async": ["sqlalchemy.ext.asyncio", "asyncpg", "aiosqlite", "asyncmy", "pymysql"],
     "mysql": ["pymysql"],
 }
