@@ -842,3 +842,44 @@ def message(conn: Connection, msg_id: str, preview_bytes: int | None) -> dict[st
     """One message's row as a dict (see message_stmt), None when no row has ``msg_id``."""
     row = conn.execute(message_stmt(msg_id, preview_bytes)).one_or_none()
     return None if row is None else dict(row._mapping)
+
+
+# The dashboard's reads (relay.dashboard): a few statements besides status and failures.
+
+
+def sent_by_topic(conn: Connection, since: datetime) -> dict[str, int]:
+    """-- sent_by_topic -- per topic, the rows marked sent at or after ``since``."""
+    query = (
+        select(t.c.topic, func.count())
+        .where(t.c.status == SENT, t.c.sent_at >= since)
+        .group_by(t.c.topic)
+    )
+    return {topic: int(n) for topic, n in conn.execute(query)}
+
+
+def sent_times(conn: Connection, since: datetime, limit: int) -> list[tuple[datetime, datetime]]:
+    """-- sent_times -- (created_at, sent_at) of at most ``limit`` rows sent at or after
+    ``since``, the latest first: the throughput and commit->ack charts."""
+    query = (
+        select(t.c.created_at, t.c.sent_at)
+        .where(t.c.status == SENT, t.c.sent_at >= since)
+        .order_by(t.c.sent_at.desc())
+        .limit(limit)
+    )
+    return [(created, sent) for created, sent in conn.execute(query)]
+
+
+def payload_previews(conn: Connection, row_ids: Sequence[int], size: int) -> dict[int, bytes]:
+    """-- payload_previews -- the first ``size`` bytes of these rows' payloads, by row id."""
+    if not row_ids:
+        return {}
+    head = func.substr(t.c.payload, 1, size, type_=LargeBinary())
+    found = conn.execute(select(t.c.id, head).where(t.c.id.in_(list(row_ids))))
+    return {int(row_id): bytes(payload or b"") for row_id, payload in found}
+
+
+def delete_dead(conn: Connection, msg_id: str) -> bool:
+    """-- delete_dead -- delete one message if it is dead; whether it was (any other
+    status is left alone: a dead letter is the one row an operator may throw away)."""
+    gone = delete(t).where(t.c.msg_id == uuid.UUID(msg_id), t.c.status == DEAD)
+    return bool(conn.execute(gone).rowcount)

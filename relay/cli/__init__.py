@@ -4,7 +4,8 @@
 - relay.cli.run: relay, drain;
 - relay.cli.messages: dead, show, skip;
 - relay.cli.data: export, reconcile;
-- relay.cli.modelb: coordinator, compare.
+- relay.cli.modelb: coordinator, compare;
+- relay.cli.dashboard: dashboard.
 
 Exit statuses mean one thing each, for every command: relay.cli.common.EXIT_STATUSES,
 shown by ``outbox --help`` and in the README.
@@ -29,7 +30,7 @@ from outbox.engines import check_broker_url, check_db_url
 from outbox.errors import ConfigError, OutboxError
 from outbox.secrets import mask_url, scrub
 from outbox.settings import Settings
-from relay.cli import data, messages, modelb, run, schema
+from relay.cli import dashboard, data, messages, modelb, run, schema
 from relay.cli.app import use_app
 from relay.cli.common import (
     EXIT_FAILED,
@@ -42,7 +43,7 @@ from relay.cli.common import (
 )
 from relay.cli.settings_flags import settings_from_args
 
-GROUPS = (schema, messages, run, data, modelb)
+GROUPS = (schema, messages, run, data, modelb, dashboard)
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     name: handler for group in GROUPS for name, handler in group.COMMANDS.items()
 }
@@ -62,6 +63,13 @@ EXTRA_OF = {
     "aiosqlite": "async",
     "asyncmy": "async",
     "pymysql": "mysql",
+    "fastapi": "dashboard",
+    "starlette": "dashboard",
+    "uvicorn": "dashboard",
+    "jinja2": "dashboard",
+    "plotly": "dashboard",
+    "multipart": "dashboard",
+    "python_multipart": "dashboard",
 }
 
 

@@ -1,0 +1,15 @@
+"""The operator dashboard (`outbox dashboard`, ``pip install 'outbox-relay[dashboard]'``).
+
+- relay.dashboard.app: ``create_app()`` and the routes: overview (live), dead letters,
+  one message, blocked keys, model B's records, reports; actions behind a token;
+- relay.dashboard.overview: the overview's figures and charts, a relay's /metrics;
+- relay.dashboard.guard: sessions, the token and CSRF checks;
+- relay.dashboard.reports: reports under ``--reports DIR``, served read-only;
+- relay.dashboard.halfop: what model B keeps in the database.
+"""
+
+from __future__ import annotations
+
+from relay.dashboard.app import create_app
+
+__all__ = ["create_app"]

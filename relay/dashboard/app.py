@@ -1,0 +1,432 @@
+"""The dashboard's web app: create_app() and its routes (FastAPI, Jinja2 templates)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import plotly.offline
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
+
+from outbox.engines import engine_from
+from outbox.errors import ConfigError
+from outbox.table import DEAD, PENDING
+from relay import store
+from relay.dashboard import guard, reports
+from relay.dashboard.halfop import halfop_records
+from relay.dashboard.overview import RelayMetrics, overview
+
+HERE = Path(__file__).parent
+log = logging.getLogger("relay.dashboard")
+PAGE_SIZE = 50  # dead letters per page unless ?limit=
+MAX_PAGE = 500
+PREVIEW_BYTES = 200  # of each payload in the dead letters' table
+MESSAGE_PREVIEW_BYTES = 4096  # on one message's page
+BLOCKED_SHOWN = 200
+ACTIONS = {
+    "requeue": "put it back to pending: the relay publishes it again",
+    "skip": "give it up: it is never published, and its key (if ordered) goes on without it",
+    "delete": "delete its row: gone from the table, never published",
+}
+READ_ONLY = "the dashboard is read-only: start it with --allow-actions and a token to act"
+# Pages and their scripts come from this server only: an injected inline script never runs.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; "
+    "style-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'; "
+    "form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+# A report file runs its own scripts (its charts) in an opaque origin: never as the dashboard.
+REPORT_HEADERS = {**SECURITY_HEADERS, "Content-Security-Policy": "sandbox allow-scripts"}
+
+
+@dataclass
+class Config:
+    engine: Engine
+    reports: Path | None
+    metrics: RelayMetrics | None
+    allow_actions: bool
+    token: str | None
+    sessions: guard.Sessions
+
+
+def create_app(
+    engine_or_url: Engine | str,
+    reports: str | Path | None = None,
+    metrics_url: str | None = None,
+    allow_actions: bool = False,
+    token: str | None = None,
+) -> FastAPI:
+    """The dashboard on a database (an Engine, or a URL it makes one of).
+
+    Read-only unless ``allow_actions``, which needs ``token``: requeue, skip and delete
+    then take the token (Bearer header, or the login form) and, from a form, its CSRF
+    token. ``reports``: a folder whose reports are listed and served read-only.
+    """
+    if allow_actions and not token:
+        raise ConfigError("allow_actions needs a token (--token-file or OUTBOX_DASHBOARD_TOKEN)")
+    folder = None if reports is None else Path(reports)
+    if folder is not None and not folder.is_dir():
+        raise ConfigError(f"reports: not a folder: {folder}")
+    engine = engine_from(engine_or_url) if isinstance(engine_or_url, str) else engine_or_url
+    config = Config(
+        engine,
+        folder,
+        None if metrics_url is None else RelayMetrics(metrics_url),
+        allow_actions,
+        token,
+        guard.Sessions(),
+    )
+    app = FastAPI(title="outbox dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.config = config
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    app.middleware("http")(guarded)
+    app.add_exception_handler(HTTPException, error_page)  # type: ignore[arg-type]
+    for path, endpoint, methods in ROUTES:
+        app.add_api_route(path, endpoint, methods=methods, include_in_schema=False)
+    return app
+
+
+templates = Jinja2Templates(directory=HERE / "templates")
+
+
+def config_of(request: Request) -> Config:
+    config: Config = request.app.state.config
+    return config
+
+
+async def guarded(
+    request: Request, call_next: Callable[[Request], Awaitable[Response]]
+) -> Response:
+    """Every request: POSTs refused when read-only, the browser's session, safe headers."""
+    config = config_of(request)
+    new = None
+    if request.method not in ("GET", "HEAD") and not config.allow_actions:
+        response: Response = page(request, "error.html", {"status": 403, "detail": READ_ONLY}, 403)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+    if config.allow_actions:
+        session = config.sessions.get(request.cookies.get(guard.COOKIE))
+        if session is None:
+            session = new = config.sessions.new()
+        request.state.session = session
+    else:
+        request.state.session = None
+    response = await call_next(request)
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    current = request.state.session
+    if current is not None and (new is not None or current.id != request.cookies.get(guard.COOKIE)):
+        set_cookie(response, current.id)
+    return response
+
+
+def set_cookie(response: Response, session_id: str) -> None:
+    response.set_cookie(guard.COOKIE, session_id, httponly=True, samesite="strict", path="/")
+
+
+def page(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
+    config = config_of(request)
+    session = getattr(request.state, "session", None)
+    shared = {
+        "actions": config.allow_actions,
+        "session": session,
+        "logged_in": bool(session and session.logged_in),
+        "has_reports": config.reports is not None,
+    }
+    return templates.TemplateResponse(request, name, {**shared, **context}, status_code=status)
+
+
+async def error_page(request: Request, exc: HTTPException) -> Response:
+    if request.url.path.startswith("/api/"):
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+    return page(
+        request, "error.html", {"status": exc.status_code, "detail": exc.detail}, exc.status_code
+    )
+
+
+def bad(detail: str) -> HTTPException:
+    return HTTPException(400, detail)
+
+
+# Reading
+
+
+def overview_page(request: Request) -> Response:
+    config = config_of(request)
+    return page(request, "overview.html", {"data": overview(config.engine, config.metrics)})
+
+
+def overview_api(request: Request) -> Response:
+    config = config_of(request)
+    return JSONResponse(overview(config.engine, config.metrics))
+
+
+def plotly_js() -> Response:
+    return Response(
+        PLOTLY_JS, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"}
+    )
+
+
+PLOTLY_JS = plotly.offline.get_plotlyjs()
+
+
+def dead_page(request: Request) -> Response:
+    config = config_of(request)
+    limit = int_param(request, "limit", PAGE_SIZE, MAX_PAGE)
+    before = msg_id_param(request, "before")
+    topic = request.query_params.get("topic") or None
+    with config.engine.connect() as conn:
+        now = store.db_clock(conn)
+        before_id = None if before is None else store.row_id_of(conn, before)
+        if before is not None and before_id is None:
+            raise bad(f"before: no message {before} (a typo, or purged)")
+        rows = store.failures(conn, (DEAD,), topic, limit, before_id)
+        previews = store.payload_previews(conn, [r.id for r in rows], PREVIEW_BYTES)
+    listed = [dead_row(r, previews.get(r.id, b""), now) for r in rows]
+    more = str(rows[-1].msg_id) if len(rows) == limit else None
+    context = {"rows": listed, "more": more, "limit": limit, "topic": topic, "before": before}
+    return page(request, "dead.html", context)
+
+
+def dead_row(row: store.Failure, payload: bytes, now: datetime) -> dict[str, Any]:
+    return {
+        "msg_id": str(row.msg_id),
+        "topic": row.topic,
+        "key": row.key,
+        "seq": row.seq,
+        "attempts": row.attempts,
+        "age": age_text((now - row.created_at).total_seconds()),
+        "last_error": row.last_error or "",
+        "blocks_behind": row.blocks_behind,
+        "preview": preview_text(payload, PREVIEW_BYTES),
+    }
+
+
+def preview_text(payload: bytes, size: int) -> str:
+    """A payload's start as text (bytes that are not UTF-8 shown as U+FFFD), cut marked."""
+    text = payload[:size].decode(errors="replace")
+    return text + ("…" if len(payload) >= size else "")
+
+
+def age_text(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{max(seconds, 0):.0f}s"
+
+
+def int_param(request: Request, name: str, default: int, most: int) -> int:
+    text = request.query_params.get(name)
+    if text is None or text == "":
+        return default
+    if not text.isdigit() or not 1 <= int(text) <= most:
+        raise bad(f"{name}: must be a whole number from 1 to {most}, not {text[:40]!r}")
+    return int(text)
+
+
+def msg_id_param(request: Request, name: str) -> str | None:
+    text = request.query_params.get(name)
+    return None if not text else parse_msg_id(name, text)
+
+
+def parse_msg_id(name: str, text: str) -> str:
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise bad(f"{name}: not a msg_id (a UUID): {text[:40]!r}") from None
+
+
+def message_page(request: Request, msg_id: str) -> Response:
+    wanted = parse_msg_id("msg_id", msg_id)
+    with config_of(request).engine.connect() as conn:
+        row = store.message(conn, wanted, MESSAGE_PREVIEW_BYTES)
+    if row is None:
+        raise HTTPException(404, f"no message {wanted} (a typo, or purged by retention)")
+    payload = bytes(row["payload"])
+    context = {
+        "row": row,
+        "msg_id": wanted,
+        "preview": preview_text(payload, MESSAGE_PREVIEW_BYTES) if payload else "",
+        "cut": len(payload) < row["size"],
+        "possible": possible_actions(row["status"]),
+        "descriptions": ACTIONS,
+    }
+    return page(request, "message.html", context)
+
+
+def possible_actions(status: str) -> list[str]:
+    if status == DEAD:
+        return ["requeue", "skip", "delete"]
+    return ["skip"] if status == PENDING else []
+
+
+def blocked_page(request: Request) -> Response:
+    with config_of(request).engine.connect() as conn:
+        now = store.db_clock(conn)
+        keys = store.dead_heads(conn, BLOCKED_SHOWN)
+    rows = [
+        {
+            **k._asdict(),
+            "msg_id": str(k.msg_id),
+            "age": age_text((now - k.created_at).total_seconds()),
+        }
+        for k in keys
+    ]
+    return page(request, "blocked.html", {"keys": rows, "shown": BLOCKED_SHOWN})
+
+
+def halfop_page(request: Request) -> Response:
+    return page(request, "halfop.html", {"records": halfop_records(config_of(request).engine)})
+
+
+def reports_page(request: Request) -> Response:
+    root = config_of(request).reports
+    found = [] if root is None else reports.find_reports(root)
+    return page(
+        request,
+        "reports.html",
+        {"reports": found, "configured": root is not None, "most": reports.MAX_REPORTS},
+    )
+
+
+def report_file(request: Request, path: str) -> Response:
+    root = config_of(request).reports
+    served = None if root is None else reports.served_file(root, path)
+    if served is None:
+        raise HTTPException(404, "no such report file")
+    return FileResponse(served, headers=REPORT_HEADERS)
+
+
+# Acting
+
+
+def login_form(request: Request) -> Response:
+    if not config_of(request).allow_actions:
+        raise HTTPException(403, READ_ONLY)
+    return page(
+        request, "login.html", {"next": safe_next(request.query_params.get("next")), "wrong": False}
+    )
+
+
+async def login(request: Request) -> Response:
+    config = config_of(request)
+    form = await request.form()
+    session: guard.Session = request.state.session
+    if not guard.same(str(form.get("csrf", "")), session.csrf):
+        raise HTTPException(
+            403, "the form is stale or forged (CSRF token missing or wrong): reload it"
+        )
+    target = safe_next(str(form.get("next", "")))
+    if not guard.same(str(form.get("token", "")), config.token):
+        log.warning("dashboard: a wrong token from %s", client(request))
+        return page(request, "login.html", {"next": target, "wrong": True}, 401)
+    request.state.session = config.sessions.log_in(session)
+    log.info("dashboard: logged in from %s", client(request))
+    return RedirectResponse(target, status_code=303)
+
+
+def safe_next(target: str | None) -> str:
+    """A path on this server only: never another site's URL (an open redirect)."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+def confirm_page(request: Request, msg_id: str, action: str) -> Response:
+    config = config_of(request)
+    if config.allow_actions and not request.state.session.logged_in:
+        wanted = parse_msg_id("msg_id", msg_id)  # the path below is made of checked parts
+        if action in ACTIONS:
+            return RedirectResponse(f"/login?next=/messages/{wanted}/{action}", status_code=303)
+    wanted, _ = action_target(request, msg_id, action)
+    with config_of(request).engine.connect() as conn:
+        row = store.message(conn, wanted, PREVIEW_BYTES)
+    if row is None:
+        raise HTTPException(404, f"no message {wanted}")
+    context = {"row": row, "msg_id": wanted, "action": action, "description": ACTIONS[action]}
+    return page(request, "confirm.html", context)
+
+
+def action_target(request: Request, msg_id: str, action: str) -> tuple[str, str]:
+    """The msg_id and the actor ('token' or 'session'), or the refusal: 404 for an unknown
+    action, 401 without the token; a GET without a session login goes to the login form."""
+    config = config_of(request)
+    if not config.allow_actions:
+        raise HTTPException(403, READ_ONLY)
+    if action not in ACTIONS:
+        raise HTTPException(404, f"no action {action[:40]!r}: requeue, skip or delete")
+    wanted = parse_msg_id("msg_id", msg_id)
+    given = guard.bearer(request.headers.get("authorization"))
+    if given is not None:
+        if not guard.same(given, config.token):
+            raise HTTPException(401, "wrong token")
+        return wanted, "token"
+    if request.state.session.logged_in:
+        return wanted, "session"
+    raise HTTPException(401, "log in with the dashboard's token first (/login)")
+
+
+async def act(request: Request, msg_id: str, action: str) -> Response:
+    wanted, actor = action_target(request, msg_id, action)
+    if actor == "session":
+        form = await request.form()
+        if not guard.same(str(form.get("csrf", "")), request.state.session.csrf):
+            raise HTTPException(
+                403, "the form is stale or forged (CSRF token missing or wrong): reload it"
+            )
+    engine = config_of(request).engine
+    done, said = await run_in_threadpool(run_action, engine, action, wanted)
+    log.info("dashboard: %s msg_id=%s by %s (%s): %s", action, wanted, client(request), actor, said)
+    if guard.bearer(request.headers.get("authorization")) is not None:
+        return JSONResponse(
+            {"msg_id": wanted, "action": action, "done": done, "outcome": said},
+            status_code=200 if done else 409,
+        )
+    context = {"msg_id": wanted, "action": action, "done": done, "said": said}
+    return page(request, "done.html", context, 200 if done else 409)
+
+
+def run_action(engine: Engine, action: str, msg_id: str) -> tuple[bool, str]:
+    """Do ``action`` to a dead (or, for skip, pending) message: (done, what happened)."""
+    with engine.begin() as conn:
+        if action == "requeue":
+            done = store.requeue(conn, True, None, [msg_id]) == 1
+            return done, "requeued: pending again" if done else "not requeued: it is not dead"
+        if action == "skip":
+            [outcome] = store.skip(conn, [msg_id])
+            return outcome.outcome == "skipped", outcome.outcome.replace("_", " ")
+        done = store.delete_dead(conn, msg_id)
+        return done, "deleted" if done else "not deleted: it is not dead"
+
+
+def client(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client else "unknown"
+
+
+ROUTES: list[tuple[str, Callable[..., Any], list[str]]] = [
+    ("/", overview_page, ["GET"]),
+    ("/api/overview", overview_api, ["GET"]),
+    ("/plotly.min.js", plotly_js, ["GET"]),
+    ("/dead", dead_page, ["GET"]),
+    ("/messages/{msg_id}", message_page, ["GET"]),
+    ("/messages/{msg_id}/{action}", confirm_page, ["GET"]),
+    ("/messages/{msg_id}/{action}", act, ["POST"]),
+    ("/blocked", blocked_page, ["GET"]),
+    ("/halfop", halfop_page, ["GET"]),
+    ("/reports", reports_page, ["GET"]),
+    ("/reports/files/{path:path}", report_file, ["GET"]),
+    ("/login", login_form, ["GET"]),
+    ("/login", login, ["POST"]),
+]

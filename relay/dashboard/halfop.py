@@ -1,0 +1,40 @@
+"""Model B in the database: what the SqlTransactionListener recorded.
+
+Model B keeps its halfs and op messages in NATS JetStream, not in the database; the one
+table it writes is ``outbox_transaction_record``: a row per local transaction that
+committed, which check-back reads to answer COMMIT (no row: ROLLBACK). So the database
+cannot tell which halfs are unresolved; it shows what check-back will find.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, func, inspect, select
+
+from outbox.table import transaction_record as r
+
+LATEST = 50
+
+
+def halfop_records(engine: Engine) -> dict[str, Any] | None:
+    """Per producer group: records and the latest one's time; the LATEST records. None
+    when the table is not there (a schema before model B's migration)."""
+    with engine.connect() as conn:
+        if not inspect(conn).has_table(r.name, schema=r.schema):
+            return None
+        groups = conn.execute(
+            select(r.c.producer_group, func.count(), func.max(r.c.created_at))
+            .group_by(r.c.producer_group)
+            .order_by(r.c.producer_group)
+        ).all()
+        latest = conn.execute(
+            select(r.c.transaction_id, r.c.producer_group, r.c.msg_id, r.c.created_at)
+            .order_by(r.c.created_at.desc())
+            .limit(LATEST)
+        ).all()
+    return {
+        "groups": [{"group": g, "records": int(n), "latest": at} for g, n, at in groups],
+        "latest": [row._asdict() for row in latest],
+        "shown": LATEST,
+    }

@@ -1,0 +1,204 @@
+"""The overview's figures: per topic backlog and sends from the table, charts of the last
+hour, and a relay's own counters from its /metrics (``--metrics URL``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import plotly.graph_objects as go
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import Engine
+
+from outbox.secrets import mask_url
+from relay import store
+
+HOUR = timedelta(hours=1)
+MINUTES = 60  # the charts' span, a bar or a point per minute
+CHART_ROWS = 20_000  # sends read for the charts at most (the latest); the title says so
+METRICS_TIMEOUT_S = 2.0
+METRICS_CACHE_S = 2.0  # one scrape for all the pages polling within this time
+
+
+def overview(engine: Engine, metrics: RelayMetrics | None) -> dict[str, Any]:
+    """What /api/overview answers and the overview page shows first."""
+    with engine.connect() as conn:
+        now = store.db_clock(conn)
+        backlog = store.backlog_by_topic(conn, now)
+        sent = store.sent_by_topic(conn, now - HOUR)
+        times = store.sent_times(conn, now - HOUR, CHART_ROWS)
+    topics = topic_rows(backlog, sent, now)
+    return {
+        "now": now.isoformat(),
+        "topics": topics,
+        "total": totals(topics),
+        "charts": charts(times, now),
+        "metrics": None if metrics is None else metrics.read(),
+    }
+
+
+COUNTS = ("pending", "scheduled", "dead", "blocked_keys", "sent_1h")
+
+
+def topic_rows(backlog: Sequence[Any], sent: dict[str, int], now: datetime) -> list[dict[str, Any]]:
+    by_topic = {row.topic: row for row in backlog}
+    rows = []
+    for topic in sorted(by_topic.keys() | sent.keys()):
+        row = by_topic.get(topic)
+        oldest = None if row is None else row.oldest_pending
+        rows.append(
+            {
+                "topic": topic,
+                "pending": int(row.pending) if row else 0,
+                "oldest_pending_age_s": age_s(oldest, now),
+                "scheduled": int(row.scheduled) if row else 0,
+                "dead": int(row.dead) if row else 0,
+                "blocked_keys": int(row.blocked_keys) if row else 0,
+                "sent_1h": sent.get(topic, 0),
+            }
+        )
+    return rows
+
+
+def age_s(since: datetime | None, now: datetime) -> float | None:
+    """Seconds since ``since``; 0 while a retry's backoff runs (its time is ahead)."""
+    return None if since is None else round(max((now - since).total_seconds(), 0.0), 1)
+
+
+def totals(topics: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {name: sum(row[name] for row in topics) for name in COUNTS}
+    ages = [
+        row["oldest_pending_age_s"] for row in topics if row["oldest_pending_age_s"] is not None
+    ]
+    total["oldest_pending_age_s"] = max(ages, default=None)
+    return total
+
+
+def charts(times: Sequence[tuple[datetime, datetime]], now: datetime) -> dict[str, Any]:
+    """Sent per minute and commit->ack p50/p99 per minute over the last hour, as Plotly
+    figures (JSON-ready dicts)."""
+    start = now.replace(second=0, microsecond=0) - timedelta(minutes=MINUTES - 1)
+    minutes = [start + timedelta(minutes=i) for i in range(MINUTES)]
+    latencies: list[list[float]] = [[] for _ in minutes]
+    for created, sent in times:
+        slot = int((sent - start).total_seconds() // 60)
+        if 0 <= slot < MINUTES:
+            latencies[slot].append((sent - created).total_seconds() * 1000)
+    note = f" (the latest {CHART_ROWS:,} sends)" if len(times) >= CHART_ROWS else ""
+    x = [m.isoformat() for m in minutes]
+    throughput = go.Figure(go.Bar(x=x, y=[len(v) for v in latencies], name="sent"))
+    throughput.update_layout(
+        title=f"Messages sent per minute, last hour{note}",
+        xaxis_title="minute (UTC)",
+        yaxis_title="messages per minute",
+    )
+    latency = go.Figure(
+        [
+            go.Scatter(
+                x=x, y=[percentile(v, 0.5) for v in latencies], name="p50", mode="lines+markers"
+            ),
+            go.Scatter(
+                x=x, y=[percentile(v, 0.99) for v in latencies], name="p99", mode="lines+markers"
+            ),
+        ]
+    )
+    latency.update_layout(
+        title=f"Commit to ack latency per minute{note}",
+        xaxis_title="minute (UTC)",
+        yaxis_title="created_at to sent_at (ms)",
+    )
+    for fig in (throughput, latency):
+        fig.update_layout(height=320, margin={"l": 60, "r": 20, "t": 50, "b": 50})
+    return {"throughput": figure(throughput), "latency": figure(latency)}
+
+
+def figure(fig: go.Figure) -> dict[str, Any]:
+    """A figure as plain JSON data (plotly's encoder: dates and numbers as Plotly.js reads them)."""
+    data: dict[str, Any] = json.loads(fig.to_json())
+    return data
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The nearest-rank percentile; None for a minute without sends (a gap in the line)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[max(math.ceil(q * len(ordered)) - 1, 0)], 1)
+
+
+class RelayMetrics:
+    """A relay's /metrics, read at most every METRICS_CACHE_S for every page polling."""
+
+    def __init__(self, url: str, fetch: Callable[[str], str] | None = None) -> None:
+        self.url = url
+        self.shown_url = mask_url(url)
+        self.fetch = fetch or fetch_text
+        self.lock = threading.Lock()
+        self.cached: tuple[float, dict[str, Any]] | None = None
+
+    def read(self) -> dict[str, Any]:
+        with self.lock:
+            if self.cached is None or time.monotonic() - self.cached[0] > METRICS_CACHE_S:
+                self.cached = (time.monotonic(), self.scrape())
+            return self.cached[1]
+
+    def scrape(self) -> dict[str, Any]:
+        try:
+            text = self.fetch(self.url)
+            rows = relay_figures(text_string_to_metric_families(text))
+        except Exception as exc:  # unreachable, not Prometheus text: said on the page
+            reason = type(exc).__name__
+            return {"url": self.shown_url, "error": f"could not read it ({reason})", "rows": []}
+        return {"url": self.shown_url, "error": None, "rows": rows}
+
+
+def fetch_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=METRICS_TIMEOUT_S) as reply:
+        text: str = reply.read().decode()
+    return text
+
+
+# relay.metrics' names: what the overview shows of them, summed over their labels.
+SHOWN = (
+    ("outbox_messages_sent_total", "sent (since the relay started)"),
+    ("outbox_messages_retried_total", "retried"),
+    ("outbox_messages_swept_total", "swept"),
+    ("outbox_messages_dead_total", "dead-lettered"),
+    ("outbox_messages_left_for_sweeper_total", "left for the sweeper"),
+    ("outbox_messages_held", "held by the fast path now"),
+    ("outbox_queue_depth", "fast path queue depth"),
+    ("outbox_timewheel_size", "waiting to retry"),
+)
+LATENCY = "outbox_commit_to_ack_seconds"
+
+
+def relay_figures(families: Iterable[Any]) -> list[dict[str, Any]]:
+    """The SHOWN sums, and commit->ack p50/p99 estimated from the histogram's buckets."""
+    sums: dict[str, float] = {}
+    buckets: list[tuple[float, float]] = []
+    for family in families:
+        for sample in family.samples:
+            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+            if sample.name == f"{LATENCY}_bucket":
+                buckets.append((float(sample.labels["le"]), sample.value))
+    rows = [{"name": label, "value": sums[name]} for name, label in SHOWN if name in sums]
+    for q in (0.5, 0.99):
+        bound = bucket_bound(sorted(buckets), q)
+        if bound is not None:
+            rows.append({"name": f"commit to ack p{q * 100:g} (ms, at most)", "value": bound})
+    return rows
+
+
+def bucket_bound(buckets: Sequence[tuple[float, float]], q: float) -> float | None:
+    """The upper bound (ms) of the first bucket holding the q-th observation."""
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    wanted = q * buckets[-1][1]
+    bound = next(le for le, count in buckets if count >= wanted)
+    return None if math.isinf(bound) else round(bound * 1000, 1)
