@@ -1,0 +1,333 @@
+"""`outbox dashboard` over HTTP (FastAPI's TestClient) against a real PostgreSQL schema:
+pages, escaping, paging, bad input, read-only refusals, token + CSRF actions, reports."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from sqlalchemy import Engine, create_engine, make_url, select, update
+from sqlalchemy.orm import Session
+
+from outbox import Outbox, migrate
+from outbox.table import outbox_message as t
+from relay.dashboard import create_app
+from relay.dashboard.reports import served_file
+from relay.testing import scratch_schema
+from relay.testing.embedded import free_port
+from tests.acceptance.test_cli import OUTBOX
+from tests.conftest import PG_URL
+from tests.helpers import wait_until
+
+PASSWORD = "pw-" + uuid.uuid4().hex[:12]  # PostgreSQL here trusts: the password is ignored
+TOKEN = "token-" + uuid.uuid4().hex
+HOSTILE = "<script>window.__pwned=1</script>"
+DEAD_ROWS = 120
+
+
+class Seeded:
+    def __init__(self, url: str, engine: Engine) -> None:
+        self.url, self.engine = url, engine
+        self.dead: list[str] = []  # oldest first
+        self.hostile = ""
+        self.head = ""
+
+    def status(self, msg_id: str) -> str | None:
+        with self.engine.connect() as conn:
+            found = conn.execute(select(t.c.status).where(t.c.msg_id == uuid.UUID(msg_id)))
+            return found.scalar()
+
+
+def send(engine: Engine, topic: str, n: int, **options: Any) -> list[str]:
+    ob = Outbox(engine)
+    with Session(engine) as session, session.begin():
+        return [ob.send(session, topic, b'{"n": 1}', **options) for _ in range(n)]
+
+
+def mark(engine: Engine, ids: list[str], **values: Any) -> None:
+    with engine.begin() as conn:
+        conn.execute(update(t).where(t.c.msg_id.in_([uuid.UUID(i) for i in ids])).values(**values))
+
+
+@pytest.fixture(scope="module")
+def seeded() -> Iterator[Seeded]:
+    """One schema for the module: pending, sent, dead (paged), a blocked key, a hostile row."""
+    with scratch_schema(PG_URL, "dash") as url:
+        url = make_url(url).set(password=PASSWORD).render_as_string(hide_password=False)
+        migrate.upgrade(url)
+        engine = create_engine(url)
+        data = Seeded(url, engine)
+        send(engine, "shop.orders", 3)
+        mark(engine, send(engine, "shop.orders", 2), status="sent", sent_at=t.c.created_at)
+        data.dead = send(engine, "shop.dead", DEAD_ROWS)
+        mark(engine, data.dead, status="dead", attempts=5, last_error="broker said no")
+        head, _follower = send(engine, "shop.ordered", 2, key="k1", ordered=True)
+        mark(engine, [head], status="dead", attempts=3, last_error="boom")
+        data.head = head
+        [data.hostile] = send(engine, "shop.hostile", 1)
+        mark(engine, [data.hostile], topic=HOSTILE, payload=HOSTILE.encode(),
+             status="dead", last_error=HOSTILE)  # fmt: skip
+        yield data
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def reader(seeded: Seeded) -> Iterator[TestClient]:
+    with TestClient(create_app(seeded.url)) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def actor(seeded: Seeded) -> Iterator[TestClient]:
+    with TestClient(create_app(seeded.url, allow_actions=True, token=TOKEN)) as client:
+        yield client
+
+
+PAGES = [
+    "/",
+    "/api/overview",
+    "/dead",
+    "/dead?limit=5",
+    "/blocked",
+    "/halfop",
+    "/reports",
+    "/dead?limit=0",
+]
+
+
+def test_pages_answer_without_any_secret(
+    seeded: Seeded, reader: TestClient, actor: TestClient
+) -> None:
+    host = make_url(seeded.url).host or ""
+    for client in (reader, actor):
+        for path in [*PAGES, f"/messages/{seeded.head}", "/login"]:
+            reply = client.get(path)
+            expected = (
+                400 if "limit=0" in path else 403 if path == "/login" and client is reader else 200
+            )
+            assert reply.status_code == expected, (path, reply.text[-300:])
+            assert PASSWORD not in reply.text and f"{host}:" not in reply.text, path
+            assert "script-src 'self'" in reply.headers["content-security-policy"]
+
+
+def test_overview_counts_per_topic(reader: TestClient) -> None:
+    data = reader.get("/api/overview").json()
+    topics = {row["topic"]: row for row in data["topics"]}
+    orders = topics["shop.orders"]
+    assert (orders["pending"], orders["sent_1h"], orders["dead"]) == (3, 2, 0)
+    assert orders["oldest_pending_age_s"] >= 0
+    assert topics["shop.ordered"]["blocked_keys"] == 1
+    assert topics["shop.dead"]["dead"] >= DEAD_ROWS - 5  # the action tests take a few
+    sent = data["charts"]["throughput"]["data"][0]["y"]
+    assert sum(sent) == 2 and len(sent) == 60
+    page = reader.get("/").text
+    assert 'data-topic="shop.orders"' in page and "/plotly.min.js" in page
+
+
+def test_hostile_topics_payloads_and_errors_are_escaped(seeded: Seeded, reader: TestClient) -> None:
+    for path in ["/", "/dead?limit=500", f"/messages/{seeded.hostile}"]:
+        page = reader.get(path).text
+        assert HOSTILE not in page, path
+        assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in page, path
+
+
+def test_dead_letters_page_by_keyset_newest_first(seeded: Seeded, reader: TestClient) -> None:
+    seen: list[str] = []
+    path: str | None = "/dead?limit=50&topic=shop.dead"
+    while path:
+        page = reader.get(path).text
+        seen += re.findall(r'<td class="id"><a href="/messages/([0-9a-f-]{36})">', page)
+        found = re.search(r'id="next" href="([^"]+)"', page)
+        path = found.group(1).replace("&amp;", "&") if found else None
+    still_dead = [m for m in seeded.dead if seeded.status(m) == "dead"]
+    assert seen == still_dead[::-1]
+    assert "broker said no" in reader.get("/dead?limit=1&topic=shop.dead").text
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "says"),
+    [
+        ("/dead?limit=abc", 400, "limit: must be a whole number"),
+        ("/dead?limit=100000", 400, "limit: must be a whole number from 1 to 500"),
+        ("/dead?before=1%3BDROP", 400, "before: not a msg_id"),
+        (f"/dead?before={uuid.UUID(int=7)}", 400, "before: no message"),
+        ("/messages/not-an-id", 400, "msg_id: not a msg_id"),
+        (f"/messages/{uuid.UUID(int=7)}", 404, "no message"),
+    ],
+)
+def test_bad_query_params_are_refused_clearly(
+    reader: TestClient, path: str, status: int, says: str
+) -> None:
+    reply = reader.get(path)
+    assert reply.status_code == status and says in reply.text
+
+
+def test_read_only_refuses_every_post(seeded: Seeded, reader: TestClient) -> None:
+    msg_id = seeded.dead[0]
+    for path in [f"/messages/{msg_id}/requeue", "/login", "/anything"]:
+        reply = reader.post(path, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert reply.status_code == 403 and "read-only" in reply.text
+    assert reader.get(f"/messages/{msg_id}/requeue").status_code == 403
+    assert seeded.status(msg_id) == "dead"
+
+
+def csrf(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found, page
+    return found.group(1)
+
+
+def test_actions_need_the_token_and_the_csrf_token(
+    seeded: Seeded, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = create_app(seeded.url, allow_actions=True, token=TOKEN)
+    msg_id = seeded.dead[1]
+    with TestClient(app) as browser:
+        # not logged in: the confirm page sends to the login form; a POST is refused
+        confirm = browser.get(f"/messages/{msg_id}/requeue", follow_redirects=False)
+        assert confirm.status_code == 303 and confirm.headers["location"].startswith("/login")
+        assert browser.post(f"/messages/{msg_id}/requeue", data={"csrf": "x"}).status_code == 401
+        form = browser.get("/login").text
+        forged = browser.post("/login", data={"token": TOKEN, "csrf": "forged"})
+        assert forged.status_code == 403
+        wrong = browser.post("/login", data={"token": "wrong-token-xxxxxxxx", "csrf": csrf(form)})
+        assert wrong.status_code == 401 and 'id="wrong"' in wrong.text
+        logged = browser.post(
+            "/login", data={"token": TOKEN, "csrf": csrf(form), "next": "//evil.example"}
+        )
+        assert logged.status_code == 200 and logged.url.path == "/"  # no open redirect
+        page = browser.get(f"/messages/{msg_id}/requeue").text  # the confirm step
+        assert browser.post(f"/messages/{msg_id}/requeue", data={}).status_code == 403
+        assert (
+            browser.post(f"/messages/{msg_id}/requeue", data={"csrf": csrf(form)}).status_code
+            == 403
+        )
+        assert seeded.status(msg_id) == "dead"
+        with caplog.at_level(logging.INFO, logger="relay.dashboard"):
+            done = browser.post(f"/messages/{msg_id}/requeue", data={"csrf": csrf(page)})
+        assert done.status_code == 200 and "requeued" in done.text
+    assert seeded.status(msg_id) == "pending"
+    [line] = [r.getMessage() for r in caplog.records if "requeue" in r.getMessage()]
+    assert f"msg_id={msg_id}" in line and "testclient" in line and TOKEN not in line
+
+
+def test_skip_and_delete_with_the_bearer_token(seeded: Seeded, actor: TestClient) -> None:
+    skipped, deleted = seeded.dead[2], seeded.dead[3]
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    wrong = {"Authorization": "Bearer not-the-token-at-all"}
+    assert actor.post(f"/messages/{skipped}/skip", headers=wrong).status_code == 401
+    assert actor.post(f"/messages/{skipped}/explode", headers=bearer).status_code == 404
+    assert actor.post(f"/messages/{skipped}/skip", headers=bearer).json()["done"] is True
+    assert seeded.status(skipped) == "skipped"
+    assert actor.post(f"/messages/{deleted}/delete", headers=bearer).json()["done"] is True
+    assert seeded.status(deleted) is None
+    refused = actor.post(f"/messages/{skipped}/delete", headers=bearer)  # only dead ones
+    assert refused.status_code == 409 and seeded.status(skipped) == "skipped"
+
+
+def test_reports_are_listed_and_served_only_from_their_folder(
+    seeded: Seeded, tmp_path: Path
+) -> None:
+    root = tmp_path / "reports"
+    (root / "nightly").mkdir(parents=True)
+    (root / "nightly" / "summary.json").write_text(
+        json.dumps({"total": {"committed": 10, "lost": 2}})
+    )
+    (root / "nightly" / "report.html").write_text("<p>report</p>")
+    (root / "cmp").mkdir()
+    models = {"a": {"committed": 5, "lost": 0}, "b": {"committed": 5, "stuck": 1}}
+    (root / "cmp" / "compare.json").write_text(json.dumps({"models": models}))
+    (tmp_path / "secret.txt").write_text("outside")
+    (root / "link.txt").symlink_to(tmp_path / "secret.txt")
+    with TestClient(create_app(seeded.url, reports=root)) as client:
+        listing = client.get("/reports").text
+        assert "DISCREPANCIES" in listing and "STUCK" in listing and "OK" in listing
+        assert 'href="/reports/files/nightly/report.html"' in listing
+        report = client.get("/reports/files/nightly/report.html")
+        assert report.status_code == 200 and report.text == "<p>report</p>"
+        assert report.headers["content-security-policy"] == "sandbox allow-scripts"
+        for path in ["%2e%2e/secret.txt", "nightly/%2e%2e/%2e%2e/secret.txt", "/etc/passwd",
+                     "%2Fetc%2Fpasswd", "link.txt", "nightly", "nope.html"]:  # fmt: skip
+            reply = client.get(f"/reports/files/{path}")
+            assert reply.status_code == 404 and "outside" not in reply.text, path
+    for wanted in [
+        "../secret.txt",
+        str(tmp_path / "secret.txt"),
+        "nightly/../../secret.txt",
+        "link.txt",
+    ]:
+        assert served_file(root, wanted) is None, wanted
+
+
+def test_overview_shows_a_relays_metrics(seeded: Seeded) -> None:
+    registry = CollectorRegistry()
+    sent = Counter("outbox_messages_sent", "sent", ["path"], registry=registry)
+    sent.labels("fast").inc(40)
+    sent.labels("sweeper").inc(2)
+    latency = Histogram(
+        "outbox_commit_to_ack_seconds", "lat", buckets=(0.005, 0.05, 1), registry=registry
+    )
+    for seconds in [0.001] * 98 + [0.5] * 2:
+        latency.observe(seconds)
+    port = free_port()
+    server, thread = start_http_server(port, "127.0.0.1", registry)
+    try:
+        app = create_app(
+            seeded.url, metrics_url=f"http://127.0.0.1:{port}/metrics?token={PASSWORD}"
+        )
+        with TestClient(app) as client:
+            metrics = client.get("/api/overview").json()["metrics"]
+            page = client.get("/").text
+    finally:
+        server.shutdown()
+        thread.join()
+    rows = {row["name"]: row["value"] for row in metrics["rows"]}
+    assert rows["sent (since the relay started)"] == 42
+    assert rows["commit to ack p50 (ms, at most)"] == 5.0
+    assert rows["commit to ack p99 (ms, at most)"] == 1000.0
+    assert PASSWORD not in json.dumps(metrics) and PASSWORD not in page
+    gone = create_app(seeded.url, metrics_url=f"http://127.0.0.1:{free_port()}/metrics")
+    with TestClient(gone) as client:
+        assert "could not read it" in client.get("/api/overview").json()["metrics"]["error"]
+
+
+def test_cli_serves_the_dashboard_and_prints_no_password(seeded: Seeded, tmp_path: Path) -> None:
+    env = {**os.environ, "OUTBOX_DASHBOARD_TOKEN": ""}
+    command = [OUTBOX, "dashboard", "--db", seeded.url]
+    refused = subprocess.run(
+        [*command, "--allow-actions"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert refused.returncode == 2 and "--allow-actions needs a token" in refused.stderr
+    port = free_port()
+    server = subprocess.Popen(
+        [*command, "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        assert f"dashboard on http://127.0.0.1:{port}/ (read-only" in line and PASSWORD not in line
+        wait_until(lambda: answers(port), timeout=30, what="the dashboard to answer")
+        assert 'id="topics"' in httpx.get(f"http://127.0.0.1:{port}/", timeout=10).text
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=30)
+    assert PASSWORD not in err
+
+
+def answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/api/overview", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
