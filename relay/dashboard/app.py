@@ -24,7 +24,7 @@ from outbox.table import DEAD, PENDING
 from relay import store
 from relay.dashboard import guard, reports
 from relay.dashboard.halfop import halfop_records
-from relay.dashboard.overview import RelayMetrics, overview
+from relay.dashboard.overview import RelayMetrics, overview, reading
 
 HERE = Path(__file__).parent
 log = logging.getLogger("relay.dashboard")
@@ -165,7 +165,11 @@ def bad(detail: str) -> HTTPException:
 
 def overview_page(request: Request) -> Response:
     config = config_of(request)
-    return page(request, "overview.html", {"data": overview(config.engine, config.metrics)})
+    return page(
+        request,
+        "overview.html",
+        {"data": overview(config.engine, config.metrics, with_charts=False)},
+    )
 
 
 def overview_api(request: Request) -> Response:
@@ -187,7 +191,7 @@ def dead_page(request: Request) -> Response:
     limit = int_param(request, "limit", PAGE_SIZE, MAX_PAGE)
     before = msg_id_param(request, "before")
     topic = request.query_params.get("topic") or None
-    with config.engine.connect() as conn:
+    with reading(config.engine) as conn:
         now = store.db_clock(conn)
         before_id = None if before is None else store.row_id_of(conn, before)
         if before is not None and before_id is None:
@@ -250,7 +254,7 @@ def parse_msg_id(name: str, text: str) -> str:
 
 def message_page(request: Request, msg_id: str) -> Response:
     wanted = parse_msg_id("msg_id", msg_id)
-    with config_of(request).engine.connect() as conn:
+    with reading(config_of(request).engine) as conn:
         row = store.message(conn, wanted, MESSAGE_PREVIEW_BYTES)
     if row is None:
         raise HTTPException(404, f"no message {wanted} (a typo, or purged by retention)")
@@ -273,7 +277,7 @@ def possible_actions(status: str) -> list[str]:
 
 
 def blocked_page(request: Request) -> Response:
-    with config_of(request).engine.connect() as conn:
+    with reading(config_of(request).engine) as conn:
         now = store.db_clock(conn)
         keys = store.dead_heads(conn, BLOCKED_SHOWN)
     rows = [
@@ -351,7 +355,7 @@ def confirm_page(request: Request, msg_id: str, action: str) -> Response:
         if action in ACTIONS:
             return RedirectResponse(f"/login?next=/messages/{wanted}/{action}", status_code=303)
     wanted, _ = action_target(request, msg_id, action)
-    with config_of(request).engine.connect() as conn:
+    with reading(config_of(request).engine) as conn:
         row = store.message(conn, wanted, PREVIEW_BYTES)
     if row is None:
         raise HTTPException(404, f"no message {wanted}")

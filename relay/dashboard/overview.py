@@ -8,13 +8,14 @@ import math
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 import plotly.graph_objects as go
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine, text
 
 from outbox.secrets import mask_url
 from relay import store
@@ -26,24 +27,38 @@ METRICS_TIMEOUT_S = 2.0
 METRICS_CACHE_S = 2.0  # one scrape for all the pages polling within this time
 
 
-def overview(engine: Engine, metrics: RelayMetrics | None) -> dict[str, Any]:
-    """What /api/overview answers and the overview page shows first."""
-    with engine.connect() as conn:
+def overview(
+    engine: Engine, metrics: RelayMetrics | None, with_charts: bool = True
+) -> dict[str, Any]:
+    """What /api/overview answers; the overview page shows it without the charts first
+    (its script draws them from /api/overview at once)."""
+    with reading(engine) as conn:
         now = store.db_clock(conn)
         backlog = store.backlog_by_topic(conn, now)
         sent = store.sent_by_topic(conn, now - HOUR)
-        times = store.sent_times(conn, now - HOUR, CHART_ROWS)
+        minutes, capped = per_minute(conn, now) if with_charts else ([], False)
     topics = topic_rows(backlog, sent, now)
     return {
         "now": now.isoformat(),
         "topics": topics,
         "total": totals(topics),
-        "charts": charts(times, now),
+        "charts": charts(minutes, now, capped) if with_charts else None,
         "metrics": None if metrics is None else metrics.read(),
     }
 
 
 COUNTS = ("pending", "scheduled", "dead", "blocked_keys", "sent_1h")
+
+
+@contextmanager
+def reading(engine: Engine) -> Iterator[Connection]:
+    """A connection for a page's reads. PostgreSQL's JIT is off in its transaction: the
+    backlog's correlated subquery makes the planner's estimate huge, and compiling the
+    plan took a second where running it takes tens of milliseconds (bench/dashboard.py)."""
+    with engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SET LOCAL jit = off"))
+        yield conn
 
 
 def topic_rows(backlog: Sequence[Any], sent: dict[str, int], now: datetime) -> list[dict[str, Any]]:
@@ -80,32 +95,45 @@ def totals(topics: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return total
 
 
-def charts(times: Sequence[tuple[datetime, datetime]], now: datetime) -> dict[str, Any]:
-    """Sent per minute and commit->ack p50/p99 per minute over the last hour, as Plotly
-    figures (JSON-ready dicts)."""
-    start = now.replace(second=0, microsecond=0) - timedelta(minutes=MINUTES - 1)
-    minutes = [start + timedelta(minutes=i) for i in range(MINUTES)]
-    latencies: list[list[float]] = [[] for _ in minutes]
+def per_minute(conn: Connection, now: datetime) -> tuple[list[store.Minute], bool]:
+    """Sends per minute of the last hour and their latency percentiles: by the database
+    on PostgreSQL; elsewhere from the latest CHART_ROWS sends (True: capped there)."""
+    since = now.replace(second=0, microsecond=0) - timedelta(minutes=MINUTES - 1)
+    if conn.dialect.name == "postgresql":
+        return store.sent_per_minute_pg(conn, since), False
+    times = store.sent_times(conn, since, CHART_ROWS)
+    latencies: dict[datetime, list[float]] = {}
     for created, sent in times:
-        slot = int((sent - start).total_seconds() // 60)
-        if 0 <= slot < MINUTES:
-            latencies[slot].append((sent - created).total_seconds() * 1000)
-    note = f" (the latest {CHART_ROWS:,} sends)" if len(times) >= CHART_ROWS else ""
-    x = [m.isoformat() for m in minutes]
-    throughput = go.Figure(go.Bar(x=x, y=[len(v) for v in latencies], name="sent"))
+        minute = sent.replace(second=0, microsecond=0)
+        latencies.setdefault(minute, []).append((sent - created).total_seconds() * 1000)
+    minutes = [
+        store.Minute(m, len(v), percentile(v, 0.5), percentile(v, 0.99))
+        for m, v in latencies.items()
+    ]
+    return minutes, len(times) >= CHART_ROWS
+
+
+def charts(minutes: Sequence[store.Minute], now: datetime, capped: bool) -> dict[str, Any]:
+    """Sent per minute and commit->ack p50/p99 per minute over the last hour, as Plotly
+    figures (JSON-ready dicts); a minute without sends is a gap in the latency lines."""
+    start = now.replace(second=0, microsecond=0) - timedelta(minutes=MINUTES - 1)
+    slots = [start + timedelta(minutes=i) for i in range(MINUTES)]
+    by_minute = {m.minute: m for m in minutes}
+    shown = [by_minute.get(slot) for slot in slots]
+    note = f" (the latest {CHART_ROWS:,} sends)" if capped else ""
+    x = [slot.isoformat() for slot in slots]
+    throughput = go.Figure(go.Bar(x=x, y=[m.sent if m else 0 for m in shown], name="sent"))
     throughput.update_layout(
         title=f"Messages sent per minute, last hour{note}",
         xaxis_title="minute (UTC)",
         yaxis_title="messages per minute",
     )
+    lines = [("p50", [m.p50_ms if m else None for m in shown])]
+    lines.append(("p99", [m.p99_ms if m else None for m in shown]))
     latency = go.Figure(
         [
-            go.Scatter(
-                x=x, y=[percentile(v, 0.5) for v in latencies], name="p50", mode="lines+markers"
-            ),
-            go.Scatter(
-                x=x, y=[percentile(v, 0.99) for v in latencies], name="p99", mode="lines+markers"
-            ),
+            go.Scatter(x=x, y=[rounded(v) for v in y], name=name, mode="lines+markers")
+            for name, y in lines
         ]
     )
     latency.update_layout(
@@ -116,6 +144,10 @@ def charts(times: Sequence[tuple[datetime, datetime]], now: datetime) -> dict[st
     for fig in (throughput, latency):
         fig.update_layout(height=320, margin={"l": 60, "r": 20, "t": 50, "b": 50})
     return {"throughput": figure(throughput), "latency": figure(latency)}
+
+
+def rounded(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 1)
 
 
 def figure(fig: go.Figure) -> dict[str, Any]:
