@@ -141,8 +141,14 @@ def charts(minutes: Sequence[store.Minute], now: datetime, capped: bool) -> dict
         xaxis_title="minute (UTC)",
         yaxis_title="created_at to sent_at (ms)",
     )
-    for fig in (throughput, latency):
+    for fig in (throughput, latency):  # both over the same hour, whatever minutes have data
         fig.update_layout(height=320, margin={"l": 60, "r": 20, "t": 50, "b": 50})
+        fig.update_xaxes(
+            range=[
+                (start - timedelta(seconds=30)).isoformat(),
+                (now + timedelta(seconds=30)).isoformat(),
+            ]
+        )
     return {"throughput": figure(throughput), "latency": figure(latency)}
 
 

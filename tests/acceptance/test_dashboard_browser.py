@@ -1,0 +1,122 @@
+"""The dashboard in headless Chromium: the overview updates itself, a hostile payload
+never runs, and a dead message requeued through the login form and the confirm step is
+then delivered by a real relay."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from playwright.sync_api import Page, expect
+from sqlalchemy import create_engine, text, update
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
+
+from outbox import Outbox, migrate
+from outbox.table import outbox_message as t
+from relay.dashboard import create_app
+from relay.testing.embedded import NatsServer, free_port
+from tests.acceptance.test_cli import OUTBOX, count
+from tests.browser import screenshot
+from tests.helpers import wait_until
+
+TOKEN = "token-" + uuid.uuid4().hex
+HOSTILE = "<img src=x onerror=window.__pwned=1><script>window.__pwned=1</script>"
+
+
+@pytest.fixture
+def dashboard(pg_url: str) -> Iterator[str]:
+    """The dashboard (actions on) served by uvicorn in a thread; its base URL."""
+    migrate.upgrade(pg_url)
+    app = create_app(pg_url, allow_actions=True, token=TOKEN)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, timeout=30, what="uvicorn to start")
+    yield f"http://127.0.0.1:{server.config.port}"
+    server.should_exit = True
+    thread.join(timeout=30)
+    app.state.config.engine.dispose()
+
+
+def send(db: str, topic: str, n: int, payload: bytes = b'{"n": 1}') -> list[str]:
+    engine = create_engine(db, poolclass=NullPool)
+    ob = Outbox(engine)
+    with Session(engine) as session, session.begin():
+        ids = [ob.send(session, topic, payload) for _ in range(n)]
+    engine.dispose()
+    return ids
+
+
+def change(db: str, ids: list[str], **values: object) -> None:
+    engine = create_engine(db, poolclass=NullPool)
+    with engine.begin() as conn:
+        conn.execute(update(t).where(t.c.msg_id.in_([uuid.UUID(i) for i in ids])).values(**values))
+    engine.dispose()
+
+
+def test_overview_updates_live_and_hostile_text_never_runs(
+    page: Page, dashboard: str, pg_url: str, tmp_path: Path
+) -> None:
+    [hostile] = send(pg_url, "shop.hostile", 1, HOSTILE.encode())
+    change(pg_url, [hostile], topic=HOSTILE, status="dead", last_error=HOSTILE)
+    page.goto(dashboard + "/")
+    expect(page.locator("#chart-throughput .main-svg").first).to_be_visible()  # Plotly drew
+    expect(page.locator('#total [data-field="pending"]')).to_have_text("0")
+    page.evaluate("window.__sameDocument = true")
+    send(pg_url, "shop.orders", 3)
+    expect(page.locator('#total [data-field="pending"]')).to_have_text("3", timeout=30_000)
+    expect(page.locator('tr[data-topic="shop.orders"]')).to_be_visible()
+    sent = send(pg_url, "shop.orders", 2)
+    change(pg_url, sent, status="sent", sent_at=t.c.created_at)
+    expect(page.locator('#total [data-field="sent_1h"]')).to_have_text("2", timeout=30_000)
+    assert page.evaluate("window.__sameDocument") is True  # updated in place, no reload
+    screenshot(page, tmp_path, "overview")
+    for path in ["/", "/dead", f"/messages/{hostile}"]:
+        page.goto(dashboard + path)
+        expect(page.get_by_text(HOSTILE).first).to_be_visible()  # shown as text
+        assert page.evaluate("typeof window.__pwned") == "undefined", path
+        screenshot(page, tmp_path, path.strip("/").replace("/", "-") or "overview-hostile")
+
+
+def test_dead_message_requeued_with_the_token_is_delivered(
+    page: Page, dashboard: str, pg_url: str, tmp_path: Path, nats_server: NatsServer,
+    stream: tuple[str, str],
+) -> None:  # fmt: skip
+    name, prefix = stream
+    [dead] = send(pg_url, f"{prefix}.orders", 1)
+    change(pg_url, [dead], status="dead", attempts=5, last_error="broker said no",
+           created_at=t.c.created_at - text("interval '1 minute'"))  # fmt: skip
+    env = {**os.environ, "OUTBOX_DB": pg_url,
+           "OUTBOX_BROKER": f"{nats_server.url}?stream={name}&subjects={prefix}.>"}  # fmt: skip
+    relay = subprocess.Popen([OUTBOX, "relay", "--interval", "0.2"], env=env,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        page.goto(f"{dashboard}/messages/{dead}")
+        page.click("#action-requeue")
+        expect(page.locator("#token")).to_be_visible()  # not logged in: the login form
+        page.fill("#token", TOKEN)
+        page.click("#login")
+        expect(page.locator("#confirm")).to_be_visible()  # the confirm step
+        screenshot(page, tmp_path, "confirm")
+        assert count(pg_url, "dead") == 1
+        page.click("#confirm")
+        expect(page.locator("#outcome")).to_contain_text("requeued")
+        screenshot(page, tmp_path, "requeued")
+        wait_until(lambda: count(pg_url, "sent") == 1, timeout=60, what="the relay to deliver it")
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        _, log = relay.communicate(timeout=30)
+    assert relay.returncode == 0, log
+    page.goto(f"{dashboard}/messages/{dead}")
+    expect(page.locator("#message")).to_contain_text("sent")
+    assert list(tmp_path.glob("*.png"))
