@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from outbox.engines import engine_from
 from outbox.errors import ConfigError
@@ -49,6 +53,10 @@ SECURITY_HEADERS = {
 }
 # A report file runs its own scripts (its charts) in an opaque origin: never as the dashboard.
 REPORT_HEADERS = {**SECURITY_HEADERS, "Content-Security-Policy": "sandbox allow-scripts"}
+# The Host names a request may carry (any port): another name is refused (400), so a page
+# of another site whose name was made to resolve to 127.0.0.1 (DNS rebinding) reads nothing.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+HOST_NAME = re.compile(r"(\*\.)?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 
 
 @dataclass
@@ -67,13 +75,18 @@ def create_app(
     metrics_url: str | None = None,
     allow_actions: bool = False,
     token: str | None = None,
+    allowed_hosts: Sequence[str] = (),
 ) -> FastAPI:
-    """The dashboard on a database (an Engine, or a URL it makes one of).
+    """The dashboard on a database (an Engine, or a URL it makes one of and disposes of
+    at shutdown).
 
     Read-only unless ``allow_actions``, which needs ``token``: requeue, skip and delete
     then take the token (Bearer header, or the login form) and, from a form, its CSRF
     token. ``reports``: a folder whose reports are listed and served read-only.
+    ``allowed_hosts``: Host header names besides 127.0.0.1, localhost and [::1] (the
+    bound address, a reverse proxy's name; ``*.example.com`` for its subdomains).
     """
+    hosts = [*LOOPBACK_HOSTS, *(host_name(h) for h in allowed_hosts)]
     if allow_actions and not token:
         raise ConfigError("allow_actions needs a token (--token-file or OUTBOX_DASHBOARD_TOKEN)")
     folder = None if reports is None else Path(reports)
@@ -88,14 +101,49 @@ def create_app(
         token,
         guard.Sessions(),
     )
-    app = FastAPI(title="outbox dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    owned = engine if isinstance(engine_or_url, str) else None
+    app = FastAPI(
+        title="outbox dashboard",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=lambda _app: disposing(owned),
+    )
     app.state.config = config
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.middleware("http")(guarded)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False)
     app.add_exception_handler(HTTPException, error_page)  # type: ignore[arg-type]
     for path, endpoint, methods in ROUTES:
         app.add_api_route(path, endpoint, methods=methods, include_in_schema=False)
     return app
+
+
+def host_name(wanted: str) -> str:
+    """A Host name to accept: a name, an IPv4 address, an IPv6 one (brackets added), or
+    ``*.domain``; no port (any port is accepted), no other wildcard."""
+    bare = wanted.removeprefix("[").removesuffix("]")
+    if ":" in bare:
+        try:
+            return f"[{ipaddress.IPv6Address(bare)}]"
+        except ValueError:
+            pass
+    elif HOST_NAME.fullmatch(wanted):
+        return wanted.lower()
+    raise ConfigError(
+        f"allowed host: {wanted[:60]!r} is not a host name, an IP address or *.domain "
+        "(no port, no other wildcard)"
+    )
+
+
+@asynccontextmanager
+async def disposing(engine: Engine | None) -> AsyncIterator[None]:
+    """The app's lifespan: an engine it made from a URL is disposed of at shutdown."""
+    try:
+        yield
+    finally:
+        if engine is not None:
+            engine.dispose()
 
 
 templates = Jinja2Templates(directory=HERE / "templates")

@@ -15,12 +15,14 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from sqlalchemy import Engine, create_engine, make_url, select, update
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, migrate
+from outbox.errors import ConfigError
 from outbox.table import outbox_message as t
 from relay.dashboard import create_app
 from relay.dashboard.reports import served_file
@@ -82,15 +84,20 @@ def seeded() -> Iterator[Seeded]:
         engine.dispose()
 
 
+def browse(app: FastAPI, host: str = "127.0.0.1") -> TestClient:
+    """A client of ``app`` as a browser on this machine sees it (Host 127.0.0.1)."""
+    return TestClient(app, base_url=f"http://{host}")
+
+
 @pytest.fixture(scope="module")
 def reader(seeded: Seeded) -> Iterator[TestClient]:
-    with TestClient(create_app(seeded.url)) as client:
+    with browse(create_app(seeded.url)) as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def actor(seeded: Seeded) -> Iterator[TestClient]:
-    with TestClient(create_app(seeded.url, allow_actions=True, token=TOKEN)) as client:
+    with browse(create_app(seeded.url, allow_actions=True, token=TOKEN)) as client:
         yield client
 
 
@@ -119,6 +126,23 @@ def test_pages_answer_without_any_secret(
             assert reply.status_code == expected, (path, reply.text[-300:])
             assert PASSWORD not in reply.text and f"{host}:" not in reply.text, path
             assert "script-src 'self'" in reply.headers["content-security-policy"]
+
+
+def test_only_known_host_names_are_answered(seeded: Seeded, reader: TestClient) -> None:
+    """DNS rebinding: a hostile page's name resolving to 127.0.0.1 is refused by name."""
+    for host in ["evil.example", "evil.example:8080", "127.0.0.1.evil.example"]:
+        reply = reader.get("/api/overview", headers={"Host": host})
+        assert reply.status_code == 400 and "topics" not in reply.text, host
+    for host in ["localhost:8080", "[::1]:8080", "127.0.0.1"]:
+        assert reader.get("/api/overview", headers={"Host": host}).status_code == 200, host
+    proxied = create_app(seeded.url, allowed_hosts=["dash.example.com", "::"])
+    with browse(proxied, "dash.example.com") as client:
+        assert client.get("/dead?limit=1").status_code == 200
+        assert client.get("/", headers={"Host": "[::]:80"}).status_code == 200
+        assert client.get("/", headers={"Host": "other.example.com"}).status_code == 400
+    for wrong in ["dash.example.com:443", "*", "a.*.example.com"]:
+        with pytest.raises(ConfigError, match="allowed host"):
+            create_app(seeded.url, allowed_hosts=[wrong])
 
 
 def test_overview_counts_per_topic(reader: TestClient) -> None:
@@ -193,7 +217,7 @@ def test_actions_need_the_token_and_the_csrf_token(
 ) -> None:
     app = create_app(seeded.url, allow_actions=True, token=TOKEN)
     msg_id = seeded.dead[1]
-    with TestClient(app) as browser:
+    with browse(app) as browser:
         # not logged in: the confirm page sends to the login form; a POST is refused
         confirm = browser.get(f"/messages/{msg_id}/requeue", follow_redirects=False)
         assert confirm.status_code == 303 and confirm.headers["location"].startswith("/login")
@@ -250,7 +274,7 @@ def test_reports_are_listed_and_served_only_from_their_folder(
     (root / "cmp" / "compare.json").write_text(json.dumps({"models": models}))
     (tmp_path / "secret.txt").write_text("outside")
     (root / "link.txt").symlink_to(tmp_path / "secret.txt")
-    with TestClient(create_app(seeded.url, reports=root)) as client:
+    with browse(create_app(seeded.url, reports=root)) as client:
         listing = client.get("/reports").text
         assert "DISCREPANCIES" in listing and "STUCK" in listing and "OK" in listing
         assert 'href="/reports/files/nightly/report.html"' in listing
@@ -286,7 +310,7 @@ def test_overview_shows_a_relays_metrics(seeded: Seeded) -> None:
         app = create_app(
             seeded.url, metrics_url=f"http://127.0.0.1:{port}/metrics?token={PASSWORD}"
         )
-        with TestClient(app) as client:
+        with browse(app) as client:
             metrics = client.get("/api/overview").json()["metrics"]
             page = client.get("/").text
     finally:
@@ -298,7 +322,7 @@ def test_overview_shows_a_relays_metrics(seeded: Seeded) -> None:
     assert rows["commit to ack p99 (ms, at most)"] == 1000.0
     assert PASSWORD not in json.dumps(metrics) and PASSWORD not in page
     gone = create_app(seeded.url, metrics_url=f"http://127.0.0.1:{free_port()}/metrics")
-    with TestClient(gone) as client:
+    with browse(gone) as client:
         assert "could not read it" in client.get("/api/overview").json()["metrics"]["error"]
 
 
