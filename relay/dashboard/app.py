@@ -157,31 +157,37 @@ def config_of(request: Request) -> Config:
 async def guarded(
     request: Request, call_next: Callable[[Request], Awaitable[Response]]
 ) -> Response:
-    """Every request: POSTs refused when read-only, the browser's session, safe headers."""
+    """Every request: POSTs refused when read-only, the browser's session (if it has one),
+    safe headers."""
     config = config_of(request)
-    new = None
     if request.method not in ("GET", "HEAD") and not config.allow_actions:
         response: Response = page(request, "error.html", {"status": 403, "detail": READ_ONLY}, 403)
         response.headers.update(SECURITY_HEADERS)
         return response
-    if config.allow_actions:
-        session = config.sessions.get(request.cookies.get(guard.COOKIE))
-        if session is None:
-            session = new = config.sessions.new()
-        request.state.session = session
-    else:
-        request.state.session = None
+    cookie = request.cookies.get(guard.COOKIE)
+    request.state.session = config.sessions.get(cookie) if config.allow_actions else None
     response = await call_next(request)
     for name, value in SECURITY_HEADERS.items():
         response.headers.setdefault(name, value)
     current = request.state.session
-    if current is not None and (new is not None or current.id != request.cookies.get(guard.COOKIE)):
+    if current is not None and current.id != cookie:
         set_cookie(response, current.id)
+    elif current is None and cookie is not None and config.allow_actions:
+        response.delete_cookie(guard.COOKIE, path="/")  # logged out, forgotten or idle
     return response
 
 
 def set_cookie(response: Response, session_id: str) -> None:
     response.set_cookie(guard.COOKIE, session_id, httponly=True, samesite="strict", path="/")
+
+
+def form_session(request: Request) -> guard.Session | None:
+    """The session a form is rendered for: the browser's, or a new one (the middleware
+    sets its cookie). None for a request with the Bearer header: a script, not a browser."""
+    if request.state.session is None and "authorization" not in request.headers:
+        request.state.session = config_of(request).sessions.new()
+    session: guard.Session | None = request.state.session
+    return session
 
 
 def page(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
@@ -367,19 +373,28 @@ def report_file(request: Request, path: str) -> Response:
 def login_form(request: Request) -> Response:
     if not config_of(request).allow_actions:
         raise HTTPException(403, READ_ONLY)
+    form_session(request)
     return page(
         request, "login.html", {"next": safe_next(request.query_params.get("next")), "wrong": False}
     )
 
 
+STALE_FORM = "the form is stale or forged (CSRF token missing or wrong): reload it"
+
+
+async def checked_form(request: Request) -> guard.Session:
+    """The browser's session when the POSTed form carries its CSRF token; else 403."""
+    form = await request.form()
+    session: guard.Session | None = request.state.session
+    if session is None or not guard.same(str(form.get("csrf", "")), session.csrf):
+        raise HTTPException(403, STALE_FORM)
+    return session
+
+
 async def login(request: Request) -> Response:
     config = config_of(request)
+    session = await checked_form(request)
     form = await request.form()
-    session: guard.Session = request.state.session
-    if not guard.same(str(form.get("csrf", "")), session.csrf):
-        raise HTTPException(
-            403, "the form is stale or forged (CSRF token missing or wrong): reload it"
-        )
     target = safe_next(str(form.get("next", "")))
     if not guard.same(str(form.get("token", "")), config.token):
         log.warning("dashboard: a wrong token from %s", client(request))
@@ -387,6 +402,14 @@ async def login(request: Request) -> Response:
     request.state.session = config.sessions.log_in(session)
     log.info("dashboard: logged in from %s", client(request))
     return RedirectResponse(target, status_code=303)
+
+
+async def logout(request: Request) -> Response:
+    session = await checked_form(request)
+    config_of(request).sessions.drop(session)
+    request.state.session = None
+    log.info("dashboard: logged out from %s", client(request))
+    return RedirectResponse("/", status_code=303)
 
 
 def safe_next(target: str | None) -> str:
@@ -398,7 +421,9 @@ def safe_next(target: str | None) -> str:
 
 def confirm_page(request: Request, msg_id: str, action: str) -> Response:
     config = config_of(request)
-    if config.allow_actions and not request.state.session.logged_in:
+    session = request.state.session
+    by_token = "authorization" in request.headers
+    if config.allow_actions and not by_token and not (session and session.logged_in):
         wanted = parse_msg_id("msg_id", msg_id)  # the path below is made of checked parts
         if action in ACTIONS:
             return RedirectResponse(f"/login?next=/messages/{wanted}/{action}", status_code=303)
@@ -407,6 +432,7 @@ def confirm_page(request: Request, msg_id: str, action: str) -> Response:
         row = store.message(conn, wanted, PREVIEW_BYTES)
     if row is None:
         raise HTTPException(404, f"no message {wanted}")
+    form_session(request)
     context = {"row": row, "msg_id": wanted, "action": action, "description": ACTIONS[action]}
     return page(request, "confirm.html", context)
 
@@ -425,7 +451,7 @@ def action_target(request: Request, msg_id: str, action: str) -> tuple[str, str]
         if not guard.same(given, config.token):
             raise HTTPException(401, "wrong token")
         return wanted, "token"
-    if request.state.session.logged_in:
+    if request.state.session is not None and request.state.session.logged_in:
         return wanted, "session"
     raise HTTPException(401, "log in with the dashboard's token first (/login)")
 
@@ -433,11 +459,7 @@ def action_target(request: Request, msg_id: str, action: str) -> tuple[str, str]
 async def act(request: Request, msg_id: str, action: str) -> Response:
     wanted, actor = action_target(request, msg_id, action)
     if actor == "session":
-        form = await request.form()
-        if not guard.same(str(form.get("csrf", "")), request.state.session.csrf):
-            raise HTTPException(
-                403, "the form is stale or forged (CSRF token missing or wrong): reload it"
-            )
+        await checked_form(request)
     engine = config_of(request).engine
     done, said = await run_in_threadpool(run_action, engine, action, wanted)
     log.info("dashboard: %s msg_id=%s by %s (%s): %s", action, wanted, client(request), actor, said)
@@ -481,4 +503,5 @@ ROUTES: list[tuple[str, Callable[..., Any], list[str]]] = [
     ("/reports/files/{path:path}", report_file, ["GET"]),
     ("/login", login_form, ["GET"]),
     ("/login", login, ["POST"]),
+    ("/logout", logout, ["POST"]),
 ]

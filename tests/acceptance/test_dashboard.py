@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from outbox import Outbox, migrate
 from outbox.errors import ConfigError
 from outbox.table import outbox_message as t
-from relay.dashboard import create_app
+from relay.dashboard import create_app, guard
 from relay.dashboard.reports import served_file
 from relay.testing import scratch_schema
 from relay.testing.embedded import free_port
@@ -244,6 +244,58 @@ def test_actions_need_the_token_and_the_csrf_token(
     assert seeded.status(msg_id) == "pending"
     [line] = [r.getMessage() for r in caplog.records if "requeue" in r.getMessage()]
     assert f"msg_id={msg_id}" in line and "testclient" in line and TOKEN not in line
+
+
+def log_in(browser: TestClient) -> None:
+    form = browser.get("/login").text
+    assert browser.post("/login", data={"token": TOKEN, "csrf": csrf(form)}).status_code == 200
+
+
+def test_anonymous_requests_never_log_the_operator_out(
+    seeded: Seeded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pages, API calls and Bearer calls make no session; login forms do, and past the
+    limit the least recently used anonymous ones go first. Then the operator logs out."""
+    monkeypatch.setattr(guard, "MAX_SESSIONS", 4)
+    app = create_app(seeded.url, allow_actions=True, token=TOKEN)
+    sessions = app.state.config.sessions
+    msg_id, bearer = seeded.dead[4], {"Authorization": f"Bearer {TOKEN}"}
+    with browse(app) as operator, browse(app) as curl:
+        log_in(operator)
+        for path in ["/", "/api/overview", "/dead?limit=1", f"/messages/{msg_id}"] * 3:
+            assert curl.get(path).status_code == 200 and not curl.cookies, path
+        assert curl.get(f"/messages/{msg_id}/skip", headers=bearer).status_code == 200
+        assert len(sessions) == 1
+        for _ in range(3 * guard.MAX_SESSIONS):  # each a new form, a new cookie-less browser
+            assert 'name="csrf"' in curl.get("/login").text
+            curl.cookies.clear()
+        assert len(sessions) == guard.MAX_SESSIONS
+        page = operator.get(f"/messages/{msg_id}/skip")  # still logged in: the confirm step
+        assert 'id="confirm"' in page.text and 'id="logout"' in page.text
+        assert operator.post("/logout", data={"csrf": "forged"}).status_code == 403
+        out = operator.post("/logout", data={"csrf": csrf(page.text)})
+        assert out.status_code == 200 and "log in to act" in out.text
+        again = operator.get(f"/messages/{msg_id}/skip", follow_redirects=False)
+        assert again.status_code == 303 and again.headers["location"].startswith("/login")
+    assert seeded.status(msg_id) == "dead"
+
+
+def test_sessions_least_recently_used_go_first_and_idle_logins_expire(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(guard, "MAX_SESSIONS", 3)
+    now = [0.0]
+    sessions = guard.Sessions(clock=lambda: now[0])
+    operator = sessions.log_in(sessions.new())
+    first, second = sessions.new(), sessions.new()
+    assert sessions.get(first.id) is first  # used: now the most recent anonymous one
+    sessions.new()
+    assert sessions.get(second.id) is None and sessions.get(first.id) is first
+    assert sessions.get(operator.id) is operator
+    now[0] += guard.IDLE_S - 1
+    assert sessions.get(operator.id) is operator  # used: idle from now on
+    now[0] += guard.IDLE_S + 1
+    assert sessions.get(operator.id) is None and sessions.get(first.id) is first
 
 
 def test_skip_and_delete_with_the_bearer_token(seeded: Seeded, actor: TestClient) -> None:
