@@ -579,10 +579,20 @@ def backlog_by_topic(conn: Connection, now: datetime) -> list[Any]:
             count_if(scheduled).label("scheduled"),
             func.min(case((scheduled, t.c.deliver_at))).label("next_due"),
         )
-        .where(t.c.status.in_((PENDING, DEAD)))  # sent rows (the retained ledger) not read
+        .where(pending_or_dead())  # sent rows (the retained ledger) not read
         .group_by(t.c.topic)
     )
     return list(conn.execute(query))
+
+
+def pending_or_dead() -> Any:
+    """Pending or dead rows, spelled per partial index (ix_..._pending, ix_..._due,
+    ix_..._dead) so that PostgreSQL reads those indexes, not the retained sent rows."""
+    return or_(
+        and_(t.c.status == PENDING, t.c.deliver_at.is_(None)),
+        and_(t.c.status == PENDING, t.c.deliver_at.is_not(None)),
+        t.c.status == DEAD,
+    )
 
 
 REQUEUE_BATCH = 1000  # rows per requeue statement: short locks, progress between batches

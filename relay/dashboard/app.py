@@ -28,7 +28,7 @@ from outbox.table import DEAD, PENDING
 from relay import store
 from relay.dashboard import guard, reports
 from relay.dashboard.halfop import halfop_records
-from relay.dashboard.overview import RelayMetrics, overview, reading
+from relay.dashboard.overview import OVERVIEW_CACHE_S, Cached, RelayMetrics, overview, reading
 
 HERE = Path(__file__).parent
 log = logging.getLogger("relay.dashboard")
@@ -67,6 +67,7 @@ class Config:
     allow_actions: bool
     token: str | None
     sessions: guard.Sessions
+    overview: Cached
 
 
 def create_app(
@@ -76,6 +77,7 @@ def create_app(
     allow_actions: bool = False,
     token: str | None = None,
     allowed_hosts: Sequence[str] = (),
+    overview_cache_s: float = OVERVIEW_CACHE_S,
 ) -> FastAPI:
     """The dashboard on a database (an Engine, or a URL it makes one of and disposes of
     at shutdown).
@@ -85,6 +87,7 @@ def create_app(
     token. ``reports``: a folder whose reports are listed and served read-only.
     ``allowed_hosts``: Host header names besides 127.0.0.1, localhost and [::1] (the
     bound address, a reverse proxy's name; ``*.example.com`` for its subdomains).
+    ``overview_cache_s``: the overview's figures are read at most this often for all.
     """
     hosts = [*LOOPBACK_HOSTS, *(host_name(h) for h in allowed_hosts)]
     if allow_actions and not token:
@@ -93,13 +96,15 @@ def create_app(
     if folder is not None and not folder.is_dir():
         raise ConfigError(f"reports: not a folder: {folder}")
     engine = engine_from(engine_or_url) if isinstance(engine_or_url, str) else engine_or_url
+    metrics = None if metrics_url is None else RelayMetrics(metrics_url)
     config = Config(
         engine,
         folder,
-        None if metrics_url is None else RelayMetrics(metrics_url),
+        metrics,
         allow_actions,
         token,
         guard.Sessions(),
+        Cached(lambda: overview(engine, metrics), overview_cache_s),
     )
     owned = engine if isinstance(engine_or_url, str) else None
     app = FastAPI(
@@ -222,13 +227,13 @@ def overview_page(request: Request) -> Response:
     return page(
         request,
         "overview.html",
-        {"data": overview(config.engine, config.metrics, with_charts=False)},
+        {"data": config.overview.get()},
     )
 
 
 def overview_api(request: Request) -> Response:
     config = config_of(request)
-    return JSONResponse(overview(config.engine, config.metrics))
+    return JSONResponse(config.overview.get())
 
 
 def plotly_js() -> Response:

@@ -25,24 +25,23 @@ MINUTES = 60  # the charts' span, a bar or a point per minute
 CHART_ROWS = 20_000  # sends read for the charts at most (the latest); the title says so
 METRICS_TIMEOUT_S = 2.0
 METRICS_CACHE_S = 2.0  # one scrape for all the pages polling within this time
+OVERVIEW_CACHE_S = 2.0  # one set of queries for all the pages polling within this time
 
 
-def overview(
-    engine: Engine, metrics: RelayMetrics | None, with_charts: bool = True
-) -> dict[str, Any]:
-    """What /api/overview answers; the overview page shows it without the charts first
-    (its script draws them from /api/overview at once)."""
+def overview(engine: Engine, metrics: RelayMetrics | None) -> dict[str, Any]:
+    """What /api/overview answers (the overview page shows it but the charts, which its
+    script draws from /api/overview)."""
     with reading(engine) as conn:
         now = store.db_clock(conn)
         backlog = store.backlog_by_topic(conn, now)
         sent = store.sent_by_topic(conn, now - HOUR)
-        minutes, capped = per_minute(conn, now) if with_charts else ([], False)
+        minutes, capped = per_minute(conn, now)
     topics = topic_rows(backlog, sent, now)
     return {
         "now": now.isoformat(),
         "topics": topics,
         "total": totals(topics),
-        "charts": charts(minutes, now, capped) if with_charts else None,
+        "charts": charts(minutes, now, capped),
         "metrics": None if metrics is None else metrics.read(),
     }
 
@@ -170,6 +169,24 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return round(ordered[max(math.ceil(q * len(ordered)) - 1, 0)], 1)
 
 
+class Cached:
+    """A value computed at most once every ``seconds`` for all callers: the pages polling
+    at once wait for one computation and share it."""
+
+    def __init__(self, compute: Callable[[], dict[str, Any]], seconds: float) -> None:
+        self.compute = compute
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.cached: tuple[float, dict[str, Any]] | None = None
+
+    def get(self) -> dict[str, Any]:
+        with self.lock:
+            if self.cached is None or time.monotonic() - self.cached[0] >= self.seconds:
+                value = self.compute()
+                self.cached = (time.monotonic(), value)
+            return self.cached[1]
+
+
 class RelayMetrics:
     """A relay's /metrics, read at most every METRICS_CACHE_S for every page polling."""
 
@@ -177,14 +194,10 @@ class RelayMetrics:
         self.url = url
         self.shown_url = mask_url(url)
         self.fetch = fetch or fetch_text
-        self.lock = threading.Lock()
-        self.cached: tuple[float, dict[str, Any]] | None = None
+        self.cache = Cached(self.scrape, METRICS_CACHE_S)
 
     def read(self) -> dict[str, Any]:
-        with self.lock:
-            if self.cached is None or time.monotonic() - self.cached[0] > METRICS_CACHE_S:
-                self.cached = (time.monotonic(), self.scrape())
-            return self.cached[1]
+        return self.cache.get()
 
     def scrape(self) -> dict[str, Any]:
         try:

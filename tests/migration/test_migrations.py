@@ -47,7 +47,7 @@ def schema_diff(url: str) -> list[object]:
 def test_upgrade_downgrade_upgrade(any_db: str) -> None:
     migrate.upgrade(any_db)
     assert tables(any_db) == OUTBOX_TABLES
-    assert migrate.current_revision(any_db) == "0005"
+    assert migrate.current_revision(any_db) == "0006"
     migrate.downgrade(any_db)
     assert tables(any_db) == {migrate.VERSION_TABLE}
     assert migrate.current_revision(any_db) is None
@@ -96,10 +96,10 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 def test_cli_migrate_is_idempotent(pg_url: str) -> None:
     first = run_cli("migrate", "--db", pg_url)
     assert first.returncode == 0, first.stderr
-    assert "outbox schema upgraded none -> 0005" in first.stdout
+    assert "outbox schema upgraded none -> 0006" in first.stdout
     second = run_cli("migrate", "--db", pg_url)
     assert second.returncode == 0, second.stderr
-    assert "outbox schema already at 0005" in second.stdout
+    assert "outbox schema already at 0006" in second.stdout
     assert tables(pg_url) == OUTBOX_TABLES
 
 
