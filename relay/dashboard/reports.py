@@ -50,14 +50,29 @@ def describe(root: Path, path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         report["error"] = f"unreadable ({type(exc).__name__})"
         return report
-    if kind == "reconciliation":
-        report["models"] = [figures("", data.get("total") or {})]
+    totals = summaries(kind, data)
+    if totals is None:
+        report["error"] = NOT_A_SUMMARY
     else:
-        models = data.get("models") or {}
-        report["models"] = [
-            figures(f"model {name.upper()}", m) for name, m in sorted(models.items())
-        ]
+        report["models"] = [figures(name, total) for name, total in totals]
     return report
+
+
+NOT_A_SUMMARY = "not a reconciliation summary"
+
+
+def summaries(kind: str, data: Any) -> list[tuple[str, dict[str, Any]]] | None:
+    """(name, totals) of each model the file sums up; None when it is not the JSON
+    `outbox reconcile` or `outbox compare` writes (another tool's file of that name)."""
+    if not isinstance(data, dict):
+        return None
+    if kind == "reconciliation":
+        total = data.get("total") or {}
+        return [("", total)] if isinstance(total, dict) else None
+    models = data.get("models") or {}
+    if not isinstance(models, dict) or not all(isinstance(m, dict) for m in models.values()):
+        return None
+    return [(f"model {str(name).upper()}", m) for name, m in sorted(models.items())]
 
 
 def figures(name: str, total: dict[str, Any]) -> dict[str, Any]:

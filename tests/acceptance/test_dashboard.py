@@ -324,12 +324,18 @@ def test_reports_are_listed_and_served_only_from_their_folder(
     (root / "cmp").mkdir()
     models = {"a": {"committed": 5, "lost": 0}, "b": {"committed": 5, "stuck": 1}}
     (root / "cmp" / "compare.json").write_text(json.dumps({"models": models}))
+    for folder, name, text in [("list", "summary.json", "[1, 2]"),
+                               ("scalar", "compare.json", '{"models": {"a": 3}}'),
+                               ("broken", "summary.json", "{")]:  # fmt: skip
+        (root / folder).mkdir()
+        (root / folder / name).write_text(text)
     (tmp_path / "secret.txt").write_text("outside")
     (root / "link.txt").symlink_to(tmp_path / "secret.txt")
     with browse(create_app(seeded.url, reports=root)) as client:
         listing = client.get("/reports").text
         assert "DISCREPANCIES" in listing and "STUCK" in listing and "OK" in listing
         assert 'href="/reports/files/nightly/report.html"' in listing
+        assert listing.count("not a reconciliation summary") == 2 and "unreadable" in listing
         report = client.get("/reports/files/nightly/report.html")
         assert report.status_code == 200 and report.text == "<p>report</p>"
         assert report.headers["content-security-policy"] == "sandbox allow-scripts"
