@@ -37,6 +37,7 @@ MAX_PAGE = 500
 PREVIEW_BYTES = 200  # of each payload in the dead letters' table
 MESSAGE_PREVIEW_BYTES = 4096  # on one message's page
 BLOCKED_SHOWN = 200
+MAX_ROW_ID = 2**63 - 1  # BIGINT
 ACTIONS = {
     "requeue": "put it back to pending: the relay publishes it again",
     "skip": "give it up: it is never published, and its key (if ordered) goes on without it",
@@ -247,18 +248,21 @@ PLOTLY_JS = plotly.offline.get_plotlyjs()
 
 def dead_page(request: Request) -> Response:
     config = config_of(request)
-    limit = int_param(request, "limit", PAGE_SIZE, MAX_PAGE)
-    before = msg_id_param(request, "before")
+    limit = int_param(request, "limit", MAX_PAGE) or PAGE_SIZE
+    before = msg_id_param(request, "before")  # as `outbox dead --before`
+    # The next page's link: a row id, which stays valid when that row is deleted.
+    before_id = int_param(request, "before_id", MAX_ROW_ID)
     topic = request.query_params.get("topic") or None
     with reading(config.engine) as conn:
         now = store.db_clock(conn)
-        before_id = None if before is None else store.row_id_of(conn, before)
-        if before is not None and before_id is None:
-            raise bad(f"before: no message {before} (a typo, or purged)")
+        if before is not None:
+            before_id = store.row_id_of(conn, before)
+            if before_id is None:
+                raise bad(f"before: no message {before} (a typo, or purged)")
         rows = store.failures(conn, (DEAD,), topic, limit, before_id)
         previews = store.payload_previews(conn, [r.id for r in rows], PREVIEW_BYTES)
     listed = [dead_row(r, previews.get(r.id, b""), now) for r in rows]
-    more = str(rows[-1].msg_id) if len(rows) == limit else None
+    more = rows[-1].id if len(rows) == limit else None
     context = {"rows": listed, "more": more, "limit": limit, "topic": topic, "before": before}
     return page(request, "dead.html", context)
 
@@ -290,10 +294,11 @@ def age_text(seconds: float) -> str:
     return f"{max(seconds, 0):.0f}s"
 
 
-def int_param(request: Request, name: str, default: int, most: int) -> int:
+def int_param(request: Request, name: str, most: int) -> int | None:
+    """A whole number from 1 to ``most``, None when not given."""
     text = request.query_params.get(name)
     if text is None or text == "":
-        return default
+        return None
     if not text.isdigit() or not 1 <= int(text) <= most:
         raise bad(f"{name}: must be a whole number from 1 to {most}, not {text[:40]!r}")
     return int(text)

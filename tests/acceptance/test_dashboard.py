@@ -18,7 +18,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from sqlalchemy import Engine, create_engine, make_url, select, update
+from sqlalchemy import Engine, create_engine, delete, make_url, select, update
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, migrate
@@ -176,6 +176,16 @@ def test_dead_letters_page_by_keyset_newest_first(seeded: Seeded, reader: TestCl
         path = found.group(1).replace("&amp;", "&") if found else None
     still_dead = [m for m in seeded.dead if seeded.status(m) == "dead"]
     assert seen == still_dead[::-1]
+    first = reader.get("/dead?limit=10&topic=shop.dead").text
+    listed = re.findall(r'<td class="id"><a href="/messages/([0-9a-f-]{36})">', first)
+    with seeded.engine.begin() as conn:  # the page's last row goes (deleted, purged)
+        conn.execute(delete(t).where(t.c.msg_id == uuid.UUID(listed[-1])))
+    found = re.search(r'id="next" href="([^"]+)"', first)
+    assert found
+    after = reader.get(found.group(1).replace("&amp;", "&"))
+    assert after.status_code == 200
+    shown = re.findall(r'<td class="id"><a href="/messages/([0-9a-f-]{36})">', after.text)
+    assert shown == still_dead[::-1][10:20]
     assert "broker said no" in reader.get("/dead?limit=1&topic=shop.dead").text
 
 
@@ -185,6 +195,8 @@ def test_dead_letters_page_by_keyset_newest_first(seeded: Seeded, reader: TestCl
         ("/dead?limit=abc", 400, "limit: must be a whole number"),
         ("/dead?limit=100000", 400, "limit: must be a whole number from 1 to 500"),
         ("/dead?before=1%3BDROP", 400, "before: not a msg_id"),
+        ("/dead?before_id=-1", 400, "before_id: must be a whole number"),
+        ("/dead?before_id=99999999999999999999", 400, "before_id: must be a whole number"),
         (f"/dead?before={uuid.UUID(int=7)}", 400, "before: no message"),
         ("/messages/not-an-id", 400, "msg_id: not a msg_id"),
         (f"/messages/{uuid.UUID(int=7)}", 404, "no message"),
