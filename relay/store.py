@@ -879,13 +879,16 @@ def sent_times(conn: Connection, since: datetime, limit: int) -> list[tuple[date
     return [(created, sent) for created, sent in conn.execute(query)]
 
 
-def payload_previews(conn: Connection, row_ids: Sequence[int], size: int) -> dict[int, bytes]:
-    """-- payload_previews -- the first ``size`` bytes of these rows' payloads, by row id."""
+def payload_previews(
+    conn: Connection, row_ids: Sequence[int], size: int
+) -> dict[int, tuple[bytes, int]]:
+    """-- payload_previews -- the first ``size`` bytes of these rows' payloads and each
+    payload's whole length, by row id."""
     if not row_ids:
         return {}
     head = func.substr(t.c.payload, 1, size, type_=LargeBinary())
-    found = conn.execute(select(t.c.id, head).where(t.c.id.in_(list(row_ids))))
-    return {int(row_id): bytes(payload or b"") for row_id, payload in found}
+    query = select(t.c.id, head, func.length(t.c.payload)).where(t.c.id.in_(list(row_ids)))
+    return {int(i): (bytes(payload or b""), int(n)) for i, payload, n in conn.execute(query)}
 
 
 def delete_dead(conn: Connection, msg_id: str) -> bool:

@@ -31,6 +31,7 @@ from relay.cli.common import (
     msg_id,
     positive_int,
 )
+from relay.display import duration, failure_json, payload_text, safe, utf8
 
 KINDS = {"dead": (DEAD,), "failing": (store.FAILING,), "both": (DEAD, store.FAILING)}
 ERROR_CHARS = 100  # the last error in `outbox dead`'s table: one line, cut
@@ -142,22 +143,6 @@ def known_row(conn: Any, wanted: str) -> int:
     return row_id
 
 
-def failure_json(row: store.Failure, now: datetime) -> dict[str, Any]:
-    return {
-        "msg_id": str(row.msg_id),
-        "status": row.status if row.status == DEAD else store.FAILING,
-        "topic": row.topic,
-        "key": row.key,
-        "seq": row.seq,
-        "blocks_behind": row.blocks_behind,
-        "attempts": row.attempts,
-        "created_at": row.created_at.isoformat(),
-        "age_s": round((now - row.created_at).total_seconds(), 3),
-        "next_attempt_at": row.next_attempt_at.isoformat() if row.next_attempt_at else None,
-        "last_error": row.last_error,
-    }
-
-
 def print_failures(rows: Sequence[store.Failure], now: datetime, more: str | None) -> None:
     if not rows:
         print("no dead or failing messages")
@@ -190,22 +175,9 @@ def blocks(row: store.Failure) -> str:
     return f"[blocks key {safe(row.key or '')} ({row.blocks_behind} behind)] "
 
 
-def duration(seconds: float) -> str:
-    """An age as an operator reads it: 42s, 7m, 3h, 2d."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{max(seconds, 0):.0f}s"
-
-
 def one_line(text: str, limit: int) -> str:
     line = safe(" ".join(text.split()))
     return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def safe(text: str) -> str:
-    """Text fit for a terminal: control characters (a planted row may hold escapes) escaped."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -223,16 +195,6 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         print_message(row)
     return EXIT_OK
-
-
-def utf8(payload: bytes, cut: bool) -> str | None:
-    """The payload as text, None when it is not UTF-8 (a cut may split its last character)."""
-    try:
-        return payload.decode()
-    except UnicodeDecodeError as exc:
-        if cut and exc.start >= len(payload) - 3 and exc.reason == "unexpected end of data":
-            return payload[: exc.start].decode()
-        return None
 
 
 def message_json(row: dict[str, Any]) -> dict[str, Any]:
@@ -274,14 +236,6 @@ def print_message(row: dict[str, Any]) -> None:
     print(f"payload: {row['size']} bytes" + (f", the first {len(payload)} shown" if cut else ""))
     print(payload_text(payload, cut))
     print(f"history: {HISTORY}")
-
-
-def payload_text(payload: bytes, cut: bool) -> str:
-    """UTF-8 as text (line breaks kept), anything else as escaped bytes: b'\\x00...'."""
-    text = utf8(payload, cut)
-    if text is None:
-        return repr(payload)
-    return "\n".join(safe(line) for line in text.split("\n"))
 
 
 def cmd_skip(args: argparse.Namespace) -> int:

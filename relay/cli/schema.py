@@ -24,8 +24,8 @@ from relay.cli.common import (
     msg_id,
     positive_int,
 )
-from relay.cli.messages import duration, safe
 from relay.cli.progress import counting
+from relay.display import duration, safe
 from spark_jobs.flags import seconds
 
 BLOCKED_LISTED = 20  # blocked keys `outbox status` lists; the rest are counted

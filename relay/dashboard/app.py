@@ -29,6 +29,7 @@ from relay import store
 from relay.dashboard import guard, reports
 from relay.dashboard.halfop import halfop_records
 from relay.dashboard.overview import OVERVIEW_CACHE_S, Cached, RelayMetrics, overview, reading
+from relay.display import duration, failure_json, payload_text
 
 HERE = Path(__file__).parent
 log = logging.getLogger("relay.dashboard")
@@ -261,37 +262,20 @@ def dead_page(request: Request) -> Response:
                 raise bad(f"before: no message {before} (a typo, or purged)")
         rows = store.failures(conn, (DEAD,), topic, limit, before_id)
         previews = store.payload_previews(conn, [r.id for r in rows], PREVIEW_BYTES)
-    listed = [dead_row(r, previews.get(r.id, b""), now) for r in rows]
+    listed = [dead_row(r, previews.get(r.id, (b"", 0)), now) for r in rows]
     more = rows[-1].id if len(rows) == limit else None
     context = {"rows": listed, "more": more, "limit": limit, "topic": topic, "before": before}
     return page(request, "dead.html", context)
 
 
-def dead_row(row: store.Failure, payload: bytes, now: datetime) -> dict[str, Any]:
+def dead_row(row: store.Failure, preview: tuple[bytes, int], now: datetime) -> dict[str, Any]:
+    head, size = preview
     return {
-        "msg_id": str(row.msg_id),
-        "topic": row.topic,
-        "key": row.key,
-        "seq": row.seq,
-        "attempts": row.attempts,
-        "age": age_text((now - row.created_at).total_seconds()),
-        "last_error": row.last_error or "",
-        "blocks_behind": row.blocks_behind,
-        "preview": preview_text(payload, PREVIEW_BYTES),
+        **failure_json(row, now),
+        "age": duration((now - row.created_at).total_seconds()),
+        "preview": payload_text(head, len(head) < size),
+        "cut": len(head) < size,
     }
-
-
-def preview_text(payload: bytes, size: int) -> str:
-    """A payload's start as text (bytes that are not UTF-8 shown as U+FFFD), cut marked."""
-    text = payload[:size].decode(errors="replace")
-    return text + ("…" if len(payload) >= size else "")
-
-
-def age_text(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{max(seconds, 0):.0f}s"
 
 
 def int_param(request: Request, name: str, most: int) -> int | None:
@@ -326,8 +310,9 @@ def message_page(request: Request, msg_id: str) -> Response:
     context = {
         "row": row,
         "msg_id": wanted,
-        "preview": preview_text(payload, MESSAGE_PREVIEW_BYTES) if payload else "",
+        "preview": payload_text(payload, len(payload) < row["size"]),
         "cut": len(payload) < row["size"],
+        "shown_bytes": len(payload),
         "possible": possible_actions(row["status"]),
         "descriptions": ACTIONS,
     }
@@ -348,7 +333,7 @@ def blocked_page(request: Request) -> Response:
         {
             **k._asdict(),
             "msg_id": str(k.msg_id),
-            "age": age_text((now - k.created_at).total_seconds()),
+            "age": duration((now - k.created_at).total_seconds()),
         }
         for k in keys
     ]

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from markupsafe import escape
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from sqlalchemy import Engine, create_engine, delete, make_url, select, update
 from sqlalchemy.orm import Session
@@ -36,6 +37,9 @@ PASSWORD = "pw-" + uuid.uuid4().hex[:12]  # PostgreSQL here trusts: the password
 TOKEN = "token-" + uuid.uuid4().hex
 HOSTILE = "<script>window.__pwned=1</script>"
 DEAD_ROWS = 120
+# Payloads around the dead letters' 200-byte preview: exactly 200, a character cut in two,
+# not UTF-8.
+PAYLOADS = [b"x" * 200, b"x" * 199 + "é".encode(), b"\x00\xff\xfe" * 70]
 
 
 class Seeded:
@@ -77,6 +81,8 @@ def seeded() -> Iterator[Seeded]:
         head, _follower = send(engine, "shop.ordered", 2, key="k1", ordered=True)
         mark(engine, [head], status="dead", attempts=3, last_error="boom")
         data.head = head
+        for payload in PAYLOADS:
+            mark(engine, send(engine, "shop.bytes", 1), payload=payload, status="dead")
         [data.hostile] = send(engine, "shop.hostile", 1)
         mark(engine, [data.hostile], topic=HOSTILE, payload=HOSTILE.encode(),
              status="dead", last_error=HOSTILE)  # fmt: skip
@@ -187,6 +193,13 @@ def test_dead_letters_page_by_keyset_newest_first(seeded: Seeded, reader: TestCl
     shown = re.findall(r'<td class="id"><a href="/messages/([0-9a-f-]{36})">', after.text)
     assert shown == still_dead[::-1][10:20]
     assert "broker said no" in reader.get("/dead?limit=1&topic=shop.dead").text
+
+
+def test_payload_previews_are_cut_whole_and_bytes_escaped(reader: TestClient) -> None:
+    page = reader.get("/dead?topic=shop.bytes").text
+    cells = re.findall(r'<td class="text payload">(.*?)</td>', page, re.S)
+    binary = str(escape(repr(PAYLOADS[2][:200]))) + "…"
+    assert sorted(cells) == sorted(["x" * 200, "x" * 199 + "…", binary])
 
 
 @pytest.mark.parametrize(
