@@ -1,13 +1,17 @@
 """docs/dashboard.png: a demo-like dataset in a scratch schema, the overview in headless
 chromium (Debian's, as the browser tests).
 
-    python scripts/dashboard_screenshot.py docs/dashboard.png
+    python scripts/dashboard_screenshot.py docs/dashboard.png --db postgresql+psycopg://...
+    (or OUTBOX_TEST_PG=postgresql+psycopg://... python scripts/dashboard_screenshot.py OUT)
 """
 # ruff: noqa: E501  (the seed's SQL reads best one statement clause a line)
 
-import sys
+import argparse
+import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import uvicorn
 from playwright.sync_api import sync_playwright
@@ -17,6 +21,8 @@ from outbox import migrate
 from relay.dashboard import create_app
 from relay.testing import scratch_schema
 from relay.testing.embedded import free_port
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's, as the browser tests (tests/browser.py)
 
 SEED = """
 INSERT INTO outbox_message (msg_id, topic, key, seq, payload, status, attempts, last_error, created_at, sent_at)
@@ -35,29 +41,69 @@ VALUES (gen_random_uuid(), 'warehouse.outbound', 'order-17', 1, '\\x7b7d', 'dead
        (gen_random_uuid(), 'warehouse.outbound', 'order-17', 2, '\\x7b7d', 'pending', 0, NULL, now() - interval '19 min', NULL),
        (gen_random_uuid(), 'billing.invoice', NULL, NULL, '\\x7b7d', 'pending', 0, NULL, now(), now() + interval '2 hours');
 """
-with scratch_schema("postgresql+psycopg://postgres@127.0.0.1:5432/test", "shot") as url:
-    migrate.upgrade(url)
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        for statement in SEED.split(";\n"):
-            if statement.strip():
-                conn.execute(text(statement))
-    app = create_app(engine)
+
+
+@contextmanager
+def seeded(db: str) -> Iterator[str]:
+    """A scratch schema of ``db`` holding the demo-like dataset (SEED); its URL."""
+    with scratch_schema(db, "shot") as url:
+        migrate.upgrade(url)
+        engine = create_engine(url)
+        with engine.begin() as conn:
+            for statement in SEED.split(";\n"):
+                if statement.strip():
+                    conn.execute(text(statement))
+        engine.dispose()
+        yield url
+
+
+@contextmanager
+def serving(url: str) -> Iterator[str]:
+    """The dashboard on ``url`` in a thread (uvicorn); its base URL."""
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning")
+        uvicorn.Config(create_app(url), host="127.0.0.1", port=free_port(), log_level="warning")
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
+    deadline = time.monotonic() + 60
     while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise SystemExit("the dashboard did not start")
         time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def screenshot(base: str, out: str) -> None:
+    """The overview once Plotly has drawn both charts, 1280x760."""
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium")
+        browser = p.chromium.launch(executable_path=CHROMIUM)
         page = browser.new_page(viewport={"width": 1280, "height": 760})
-        page.goto(f"http://127.0.0.1:{server.config.port}/")
+        page.goto(f"{base}/")
         page.locator("#chart-latency .main-svg").first.wait_for()
-        time.sleep(1)  # plotly's transitions
-        page.screenshot(path=sys.argv[1])
+        page.wait_for_function("document.body.dataset.refreshed >= 1")
+        page.wait_for_timeout(1000)  # Plotly's transitions end: a still picture
+        page.screenshot(path=out)
         browser.close()
-    server.should_exit = True
-    thread.join()
-    engine.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="the PNG to write, e.g. docs/dashboard.png")
+    parser.add_argument(
+        "--db",
+        default=os.environ.get("OUTBOX_TEST_PG"),
+        help="a PostgreSQL URL to make a scratch schema in (default: $OUTBOX_TEST_PG)",
+    )
+    args = parser.parse_args()
+    if not args.db:
+        parser.error("--db is required (or set OUTBOX_TEST_PG)")
+    with seeded(args.db) as url, serving(url) as base:
+        screenshot(base, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -19,9 +19,12 @@ from sqlalchemy import Connection, Engine, text
 
 from outbox.secrets import mask_url
 from relay import store
+from relay.metrics import age_s
 
 HOUR = timedelta(hours=1)
 MINUTES = 60  # the charts' span, a bar or a point per minute
+COLORS = ["#3366cc", "#dc6b2f"]  # bars and p50, p99
+GRID = "#e4e7ec"
 CHART_ROWS = 20_000  # sends read for the charts at most (the latest); the title says so
 METRICS_TIMEOUT_S = 2.0
 METRICS_CACHE_S = 2.0  # one scrape for all the pages polling within this time
@@ -70,7 +73,7 @@ def topic_rows(backlog: Sequence[Any], sent: dict[str, int], now: datetime) -> l
             {
                 "topic": topic,
                 "pending": int(row.pending) if row else 0,
-                "oldest_pending_age_s": age_s(oldest, now),
+                "oldest_pending_age_s": None if oldest is None else round(age_s(now, oldest), 1),
                 "scheduled": int(row.scheduled) if row else 0,
                 "dead": int(row.dead) if row else 0,
                 "blocked_keys": int(row.blocked_keys) if row else 0,
@@ -78,11 +81,6 @@ def topic_rows(backlog: Sequence[Any], sent: dict[str, int], now: datetime) -> l
             }
         )
     return rows
-
-
-def age_s(since: datetime | None, now: datetime) -> float | None:
-    """Seconds since ``since``; 0 while a retry's backoff runs (its time is ahead)."""
-    return None if since is None else round(max((now - since).total_seconds(), 0.0), 1)
 
 
 def totals(topics: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -141,7 +139,16 @@ def charts(minutes: Sequence[store.Minute], now: datetime, capped: bool) -> dict
         yaxis_title="created_at to sent_at (ms)",
     )
     for fig in (throughput, latency):  # both over the same hour, whatever minutes have data
-        fig.update_layout(height=320, margin={"l": 60, "r": 20, "t": 50, "b": 50})
+        # No template: Plotly's default one is ~14 KB of JSON in every answer.
+        fig.update_layout(
+            template="none",
+            height=320,
+            margin={"l": 60, "r": 20, "t": 50, "b": 50},
+            font={"family": "system-ui, sans-serif", "size": 12},
+            colorway=COLORS,
+        )
+        fig.update_xaxes(showgrid=True, gridcolor=GRID)
+        fig.update_yaxes(showgrid=True, gridcolor=GRID, rangemode="tozero")
         fig.update_xaxes(
             range=[
                 (start - timedelta(seconds=30)).isoformat(),
