@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import re
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import pytest
@@ -25,6 +27,7 @@ from sqlalchemy.orm import Session
 from outbox import Outbox, migrate
 from outbox.errors import ConfigError
 from outbox.table import outbox_message as t
+from relay.cli.dashboard import is_loopback
 from relay.dashboard import create_app, guard
 from relay.dashboard.reports import served_file
 from relay.testing import scratch_schema
@@ -84,8 +87,16 @@ def seeded() -> Iterator[Seeded]:
         for payload in PAYLOADS:
             mark(engine, send(engine, "shop.bytes", 1), payload=payload, status="dead")
         [data.hostile] = send(engine, "shop.hostile", 1)
-        mark(engine, [data.hostile], topic=HOSTILE, payload=HOSTILE.encode(),
-             status="dead", last_error=HOSTILE)  # fmt: skip
+        mark(
+            engine,
+            [data.hostile],
+            topic=HOSTILE,
+            key=HOSTILE,
+            seq=1,
+            payload=HOSTILE.encode(),
+            status="dead",
+            last_error=HOSTILE,
+        )  # fmt: skip  (a dead head: a blocked key)
         yield data
         engine.dispose()
 
@@ -165,11 +176,49 @@ def test_overview_counts_per_topic(reader: TestClient) -> None:
     assert 'data-topic="shop.orders"' in page and "/plotly.min.js" in page
 
 
-def test_hostile_topics_payloads_and_errors_are_escaped(seeded: Seeded, reader: TestClient) -> None:
-    for path in ["/", "/dead?limit=500", f"/messages/{seeded.hostile}"]:
-        page = reader.get(path).text
+def test_hostile_topics_payloads_and_errors_are_escaped(
+    seeded: Seeded, reader: TestClient, actor: TestClient
+) -> None:
+    log_in(actor)
+    pages = [
+        (reader, p) for p in ["/", "/dead?limit=500", f"/messages/{seeded.hostile}", "/blocked"]
+    ]
+    pages.append((actor, f"/messages/{seeded.hostile}/requeue"))  # the confirm step
+    for client, path in pages:
+        page = client.get(path).text
         assert HOSTILE not in page, path
         assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in page, path
+    assert 'id="confirm"' in page
+
+
+def test_blocked_keys_show_each_head_and_what_waits_behind_it(
+    seeded: Seeded, reader: TestClient
+) -> None:
+    page = reader.get("/blocked").text
+    found = re.search(r"<tr><td>shop\.ordered</td>.*?</tr>", page, re.S)
+    assert found, page
+    topic, key, head, seq, behind, _age = re.findall(r"<td[^>]*>(.*?)</td>", found.group(0))
+    assert (topic, key, seq, behind) == ("shop.ordered", "k1", "1", "1")
+    assert f'href="/messages/{seeded.head}"' in head
+
+
+def test_overview_on_sqlite(sqlite_url: str) -> None:
+    """The charts' other path: per-minute sends and percentiles computed in Python."""
+    migrate.upgrade(sqlite_url)
+    engine = create_engine(sqlite_url)
+    try:
+        send(engine, "a", 3)
+        mark(engine, send(engine, "a", 2), status="sent", sent_at=t.c.created_at)
+        mark(engine, send(engine, "b", 1), status="dead")
+        with browse(create_app(engine)) as client:
+            data = client.get("/api/overview").json()
+    finally:
+        engine.dispose()
+    topics = {row["topic"]: row for row in data["topics"]}
+    assert (topics["a"]["pending"], topics["a"]["sent_1h"], topics["b"]["dead"]) == (3, 2, 1)
+    assert sum(data["charts"]["throughput"]["data"][0]["y"]) == 2
+    p50 = [v for v in data["charts"]["latency"]["data"][0]["y"] if v is not None]
+    assert p50 == [0.0]  # sent as created: no latency, in one minute
 
 
 def test_dead_letters_page_by_keyset_newest_first(seeded: Seeded, reader: TestClient) -> None:
@@ -419,18 +468,31 @@ def test_cli_serves_the_dashboard_and_prints_no_password(seeded: Seeded, tmp_pat
     port = free_port()
     server = subprocess.Popen(
         [*command, "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**env, "OUTBOX_DASHBOARD_TOKEN": TOKEN},
     )  # fmt: skip
     try:
         assert server.stdout is not None
-        line = server.stdout.readline()
+        line = first_line(server.stdout, timeout=60)
         assert f"dashboard on http://127.0.0.1:{port}/ (read-only" in line and PASSWORD not in line
         wait_until(lambda: answers(port), timeout=30, what="the dashboard to answer")
         assert 'id="topics"' in httpx.get(f"http://127.0.0.1:{port}/", timeout=10).text
     finally:
         server.terminate()
         _, err = server.communicate(timeout=30)
-    assert PASSWORD not in err
+    assert PASSWORD not in err and TOKEN not in err
+    assert "warning: a token was given" in err and "without --allow-actions" in err
+    assert [is_loopback(a) for a in ["127.0.0.1", "::1", "localhost", "0.0.0.0", "10.1.2.3"]] == [
+        True, True, True, False, False,
+    ]  # fmt: skip
+
+
+def first_line(stream: IO[str], timeout: float) -> str:
+    """The stream's first line, read on a thread: a server that prints nothing fails the
+    test after ``timeout`` instead of hanging it."""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(stream.readline()), daemon=True).start()
+    return lines.get(timeout=timeout)
 
 
 def answers(port: int) -> bool:
