@@ -225,8 +225,8 @@ outbox_message = Table(
         "ix_outbox_message_key_seq", ["topic", "key", "status", "seq"], "seq IS NOT NULL"
     ),
     # Dead rows newest first (`outbox dead`, the dashboard) and counted per topic, sent rows
-    # of the last hour (the dashboard's overview, purge): never a walk through the
-    # retained ledger. Status first for MySQL/MariaDB (no partial index there).
+    # of the last hour (the dashboard's overview): never a walk through the retained ledger.
+    # Status first for MySQL/MariaDB (no partial index there).
     partial_index("ix_outbox_message_dead", ["status", "id"], f"status = '{DEAD}'"),
     partial_index("ix_outbox_message_sent", ["status", "sent_at"], f"status = '{SENT}'"),
 )
