@@ -4,12 +4,15 @@ Both are streamed in chunks (a server-side cursor for the database; for a broker
 ``LogReader`` (outbox.broker): an ordered consumer for JetStream, XRANGE pages for
 Redis, a stream-queue consumer with a prefetch limit for RabbitMQ) and
 written batch by batch, so memory does not grow with the number of rows. The
-Parquet schemas are spark_jobs.schema's, the reconciliation job's inputs.
+Parquet schemas are spark_jobs.schema's, the reconciliation job's inputs. The ledger
+can be written by day (``by_day``: a folder of ``day=YYYY-MM-DD/`` partitions, the UTC
+day of ``created_at``), so that the job reads only its window's days.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from sqlalchemy import Engine, Select, func, select
 
@@ -54,11 +58,13 @@ def export_ledger(
     since: datetime | None = None,
     until: datetime | None = None,
     added: Added = nothing,
+    by_day: bool = False,
 ) -> int:
-    """Write outbox_message rows (created in [since, until)) to ``out`` (a .parquet file)."""
+    """Write outbox_message rows (created in [since, until)) to ``out``: a .parquet file,
+    or with ``by_day`` a folder of ``day=YYYY-MM-DD/`` partitions."""
     columns = [t.c[name] for name in LEDGER.names]
-    query = select(*columns).order_by(t.c.id)
-    return export_rows(db, windowed(query, t.c.created_at, since, until), out, LEDGER, added)
+    query = windowed(select(*columns).order_by(t.c.id), t.c.created_at, since, until)
+    return export_rows(db, query, out, LEDGER, added, by_day)
 
 
 def ledger_count(
@@ -96,11 +102,17 @@ def windowed(
 
 
 def export_rows(
-    db: str | Engine, query: Select[Any], out: str | Path, schema: pa.Schema, added: Added = nothing
+    db: str | Engine,
+    query: Select[Any],
+    out: str | Path,
+    schema: pa.Schema,
+    added: Added = nothing,
+    by_day: bool = False,
 ) -> int:
     """Stream a query's rows (columns in the schema's order) to Parquet via a server-side cursor."""
     written = 0
-    with parquet_file(out, schema) as writer, engine_from(db).connect() as conn:
+    target = parquet_days(out) if by_day else parquet_file(out, schema)
+    with target as writer, engine_from(db).connect() as conn:
         result = conn.execution_options(yield_per=CHUNK).execute(query)
         for rows in result.partitions():
             columns = zip(*rows, strict=True)
@@ -129,6 +141,39 @@ def parquet_file(out: str | Path, schema: pa.Schema) -> Iterator[pq.ParquetWrite
         part.replace(out)
     finally:
         part.unlink(missing_ok=True)
+
+
+class DayFolder:
+    """Writes each chunk's rows under ``day=YYYY-MM-DD/`` by the UTC day of ``created_at``
+    (Spark reads ``day`` back as a partition column and prunes on it)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.chunks = root, 0
+
+    def write_table(self, table: pa.Table) -> None:
+        day = pc.strftime(table["created_at"], format="%Y-%m-%d")  # the column is in UTC
+        pq.write_to_dataset(
+            table.append_column("day", day), str(self.root), partition_cols=["day"],
+            basename_template=f"part-{self.chunks:05d}-{{i}}.parquet",
+        )  # fmt: skip
+        self.chunks += 1
+
+
+@contextmanager
+def parquet_days(out: str | Path) -> Iterator[DayFolder]:
+    """A day-partitioned folder that appears at ``out`` only once the export succeeded
+    (written as ``.NAME.part`` beside it, then renamed; an older ``out`` is replaced)."""
+    out = Path(out)
+    part = out.with_name(f".{out.name}.part")
+    shutil.rmtree(part, ignore_errors=True)
+    try:
+        yield DayFolder(part)
+        part.mkdir(exist_ok=True)  # no rows: an empty folder
+        if out.is_dir():
+            shutil.rmtree(out)
+        part.replace(out)
+    finally:
+        shutil.rmtree(part, ignore_errors=True)
 
 
 def cell(value: object) -> object:

@@ -142,6 +142,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "stuck (still pending in the table) or lost (default 60)",
     )
     parser.add_argument(
+        "--lookback",
+        type=seconds,
+        default=3600.0,
+        help="seconds before --start whose ledger rows are read too, only to know a late "
+        "delivery of an earlier commit from a phantom (default 3600)",
+    )
+    parser.add_argument(
         "--master",
         type=spark_master,
         default=None,
@@ -214,7 +221,7 @@ def run_on_spark(
     spark = None
     try:
         spark = session.started(builder, verbose)
-        window = Window(args.start, args.end, args.sla)
+        window = Window(args.start, args.end, args.sla, args.lookback)
         return reconcile(
             spark, args.ledger, args.broker_log, args.out, window, args.halfop_log, step
         )

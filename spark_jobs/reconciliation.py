@@ -42,7 +42,8 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
     waiting; canceled ones are never expected. Each
     msg_id's first copy, in its key's lane, says whether it came out of order
     (``after_seq``, spark_jobs.ordering): judged over the whole log, so a key's earlier
-    deliveries count even when they are older than the window.
+    deliveries count even when they are older than the window. A ledger row without a
+    usable msg_id is malformed, counted in the window of its commit.
     """
     ledger = with_ledger_columns(ledger)
     valid = ledger.where(F.col("msg_id").isNotNull() & (F.length("msg_id") > 0))
@@ -98,7 +99,8 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
             F.col("first_ts").alias("first_at_broker"),
         )
     )
-    malformed = ledger.where(F.col("msg_id").isNull() | (F.length("msg_id") == 0)).select(
+    unusable = F.col("msg_id").isNull() | (F.length("msg_id") == 0)
+    malformed = ledger.where(unusable & in_window).select(
         "msg_id", "topic", F.lit(0).alias("copies"), "id", "created_at", "attempts"
     )
     malformed = labelled(
@@ -235,8 +237,8 @@ def reconcile(
     size_shuffles(spark, input_bytes(spark, sized_inputs(ledger_path, broker_path, halfop_path)))
     broker = spark.read.parquet(broker_path)
     if halfop_path is None:
-        ledger = read_ledger(spark, ledger_path)
-        read = f"read {count_ledger(spark, ledger_path, ledger)} ledger rows"
+        ledger = read_ledger(spark, ledger_path, window)
+        read = f"read {count_ledger(spark, ledger_path, ledger, window)} ledger rows"
     else:
         # read by the ledger and by model B's counts: grouped once
         halfop, records = spark.read.parquet(halfop_path), spark.read.parquet(ledger_path)

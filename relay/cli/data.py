@@ -49,6 +49,12 @@ def add_export(commands: Commands) -> None:
     exp.add_argument("--since", type=iso_time, help="ISO 8601 start (default: the beginning)")
     exp.add_argument("--until", type=iso_time, help="ISO 8601 end (default: now)")
     exp.add_argument("--out", required=True, help="Parquet file to write")
+    exp.add_argument(
+        "--by-day",
+        action="store_true",
+        help="ledger only: write --out as a folder of day=YYYY-MM-DD/ partitions (created_at's "
+        "UTC day), so that `outbox reconcile` reads only its window's days",
+    )
 
 
 def add_reconcile(commands: Commands) -> None:
@@ -70,11 +76,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     folder = Path(args.out).parent
     if not folder.is_dir():  # before any connection: nothing to undo then
         raise OutboxError(f"--out {args.out}: no folder {folder}")
+    if args.by_day and args.what != "ledger":
+        raise UsageError(f"--by-day: for a ledger export only, not {args.what}")
     if args.what == "ledger":
         db = required(args.db, "--db", "a ledger export (or set OUTBOX_DB)")
         total = export.ledger_count(db, args.since, args.until)
         with counting("export ledger", total) as shown:
-            count = export.export_ledger(db, args.out, args.since, args.until, shown.add)
+            count = export.export_ledger(
+                db, args.out, args.since, args.until, shown.add, args.by_day
+            )
     elif args.what == "records":
         db = required(args.db, "--db", "a records export (or set OUTBOX_DB)")
         with counting("export records") as shown:
