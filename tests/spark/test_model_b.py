@@ -40,9 +40,9 @@ def write(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> str:
     return str(path)
 
 
-def test_model_b_counts_from_records_halfs_ops_and_broker(
-    spark: SparkSession, tmp_path: Path
-) -> None:
+def model_b_inputs(folder: Path) -> tuple[str, str, str, int]:
+    """Records, broker log and half/op log Parquet of a small model B night (paths), and
+    how many broker and half/op entries they hold."""
     records = [  # committed local transactions
         {"transaction_id": f"tx-{m}", "producer_group": "orders", "msg_id": m, "created_at": at(t)}
         for m, t in [("m1", 10), ("m2", 20), ("m3", 30), ("m6", 3590), ("m7", 40)]
@@ -70,14 +70,19 @@ def test_model_b_counts_from_records_halfs_ops_and_broker(
             ]
         )
     ]
-    summary = reconcile(
-        spark,
-        write(tmp_path / "records.parquet", records, RECORDS),
-        write(tmp_path / "broker.parquet", broker, BROKER),
-        tmp_path / "out",
-        WINDOW,
-        write(tmp_path / "halfop.parquet", log, HALFOP_LOG),
+    return (
+        write(folder / "records.parquet", records, RECORDS),
+        write(folder / "broker.parquet", broker, BROKER),
+        write(folder / "halfop.parquet", log, HALFOP_LOG),
+        len(broker) + len(log),
     )
+
+
+def test_model_b_counts_from_records_halfs_ops_and_broker(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    records, broker, halfop, entries = model_b_inputs(tmp_path)
+    summary = reconcile(spark, records, broker, tmp_path / "out", WINDOW, halfop)
     total = summary["total"]
     common = ("committed", "delivered", "lost", "pending", "duplicated", "phantom", "dead")
     assert {k: total[k] for k in common} == {
@@ -91,7 +96,7 @@ def test_model_b_counts_from_records_halfs_ops_and_broker(
     assert summary["topics"]["b"]["halfs"] == 1 and summary["topics"]["b"]["delivered"] == 1
     assert summary["model"] == "b" and abs(total["latency_max_ms"] - 20_010) < 1  # m2, put back
     # `outbox compare` carries them to its table; 17 check requests over 7 halfs
-    shown = figures(RunResult("b", "REAL", T0, check_backs=17), summary, len(broker) + len(log))
+    shown = figures(RunResult("b", "REAL", T0, check_backs=17), summary, entries)
     assert (shown["unresolved"], shown["ops"], shown["check_backs_per_transaction"]) == (1, 5, 2.43)
 
     out = tmp_path / "out"
