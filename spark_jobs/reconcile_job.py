@@ -17,13 +17,14 @@ latency p50/p90/p99/max from when a message was due (its commit, or its deliver_
 the broker.
 
 Runs locally (``outbox reconcile``) and unchanged under ``spark-submit
-spark_jobs/reconcile_job.py ...`` (ship the spark_jobs folder alone with ``--py-files``: it
-imports neither outbox nor relay); tables are never collected whole into the driver,
-only the aggregates (and report.html's first 20 out-of-order deliveries). Exit status
-3 when lost, phantom or out_of_order > 0, for schedulers; else 4 when stuck > 0 (late,
-not lost: the relay or the broker is stalled); 1 when the job failed (one line naming
-the cause: a missing input or column is found before Spark starts, Spark's own errors
-are cut to their root cause); 2 bad usage (argparse's own), as every `outbox` command.
+ship/reconcile.py ...`` (``python -m spark_jobs.bundle ship`` writes the package as a zip
+for ``--py-files`` and that entry file: it imports neither outbox nor relay); tables are
+never collected whole into the driver, only the aggregates (and report.html's first 20
+out-of-order deliveries). Exit status 3 when lost, phantom or out_of_order > 0, for
+schedulers; else 4 when stuck > 0 (late, not lost: the relay or the broker is stalled);
+1 when the job failed (one line naming the cause: a missing input or column is found
+before Spark starts, Spark's own errors are cut to their root cause); 2 bad usage
+(argparse's own), as every `outbox` command.
 
 Quiet unless ``--verbose``: a line per step on stderr with its counts, the totals on
 stdout, no Spark logs or stage bars (spark_jobs.session).
