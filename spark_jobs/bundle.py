@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 PACKAGE = Path(__file__).parent
-SHIPPED = (".py", ".properties", ".typed")
+SHIPPED = (".py", ".properties", ".typed", ".html")  # .html: the report's templates/
 ENTRY = '''"""spark-submit's entry for the reconciliation job (spark_jobs.zip holds the job)."""
 
 import sys
@@ -32,9 +32,9 @@ def bundle(folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     archive = folder / "spark_jobs.zip"
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
-        for path in sorted(PACKAGE.iterdir()):
-            if path.is_file() and path.suffix in SHIPPED:
-                zipped.write(path, f"spark_jobs/{path.name}")
+        for path in sorted(PACKAGE.rglob("*")):
+            if path.is_file() and path.suffix in SHIPPED and "__pycache__" not in path.parts:
+                zipped.write(path, f"spark_jobs/{path.relative_to(PACKAGE).as_posix()}")
     entry = folder / "reconcile.py"
     entry.write_text(ENTRY)
     config = folder / "log4j2.properties"

@@ -11,6 +11,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,3 +130,6 @@ def test_spark_submit_as_the_example_documents_it(
     done = run([programs[submit[0]], *(given.get(a, a) for a in submit[1:])], cwd=tmp_path)
     assert done.returncode == 3, (done.stdout + done.stderr)[-3000:]
     assert total_in(tmp_path / "out") == night.local  # a Parquet ledger: the same summary
+    assert "DISCREPANCIES" in (tmp_path / "out" / "report.html").read_text()
+    shipped = zipfile.ZipFile(tmp_path / "ship" / "spark_jobs.zip").namelist()
+    assert {"spark_jobs/reconcile_job.py", "spark_jobs/templates/report.html"} <= set(shipped)
