@@ -43,8 +43,24 @@ def position(place: Column) -> Column:
     return F.when(place.rlike(PLACE), at)
 
 
+def first_deliveries(broker: DataFrame) -> DataFrame:
+    """One row per msg_id whose copies carry ``key`` or ``outbox_seq``: its first delivery
+    (``first_delivery()``) and ``after_seq``.
+
+    Only those entries are aggregated here: a struct's minimum is a sort-based aggregate,
+    too slow for the whole log, and a msg_id's copies carry the same headers (so one
+    without either has none to check).
+    """
+    ordered = with_order_columns(broker).where(
+        F.col("key").isNotNull() | F.col("outbox_seq").isNotNull()
+    )
+    firsts = ordered.groupBy("msg_id").agg(first_delivery())
+    return with_after_seq(firsts, "first.topic")
+
+
 def first_delivery() -> Column:
-    """Aggregated per msg_id: its first copy's place, key and seq (seq null: not checked)."""
+    """Aggregated per msg_id: its first copy's place, key, seq (null: not checked) and
+    topic."""
     at = position(F.col("seq"))
     checked = (
         F.col("msg_id").isNotNull()
@@ -56,6 +72,7 @@ def first_delivery() -> Column:
         at.alias("at"),
         F.col("key").alias("key"),
         F.when(checked, F.col("outbox_seq")).alias("seq"),
+        F.col("topic").alias("topic"),
     )
     return F.min(first).alias("first")
 

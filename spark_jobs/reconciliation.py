@@ -47,21 +47,7 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
     """
     ledger = with_ledger_columns(ledger)
     valid = ledger.where(F.col("msg_id").isNotNull() & (F.length("msg_id") > 0))
-    in_broker_window = (F.col("broker_ts") >= F.lit(window.start)) & (
-        F.col("broker_ts") < F.lit(window.end)
-    )
-    copies = (
-        ordering.with_order_columns(broker)
-        .groupBy("msg_id")
-        .agg(
-            F.count(F.lit(1)).alias("copies"),  # entries without a msg_id group together: a phantom
-            F.sum(F.when(in_broker_window, 1).otherwise(0)).alias("copies_in_window"),
-            F.min("broker_ts").alias("first_ts"),
-            F.first("topic").alias("broker_topic"),
-            ordering.first_delivery(),
-        )
-    )
-    copies = ordering.with_after_seq(copies, "broker_topic")
+    copies = broker_copies(broker, window).join(ordering.first_deliveries(broker), "msg_id", "left")
     in_ledger = F.col("created_at").isNotNull()
     in_window = (F.col("created_at") >= F.lit(window.start)) & (
         F.col("created_at") < F.lit(window.end)
@@ -107,6 +93,31 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
         malformed, "malformed", F.concat(F.lit("ledger id "), F.col("id").cast("string"))
     )
     return judged.unionByName(malformed)
+
+
+def broker_copies(broker: DataFrame, window: Window) -> DataFrame:
+    """Per msg_id: its ``copies``, ``copies_in_window``, ``first_ts`` and ``broker_topic``.
+
+    Every buffer is a number, so Spark aggregates by hash: a text one (first(topic))
+    would sort the whole log twice. The topic is aggregated as its hash (the least, when
+    copies disagree) and looked up again among the log's few topics.
+    """
+    in_broker_window = (F.col("broker_ts") >= F.lit(window.start)) & (
+        F.col("broker_ts") < F.lit(window.end)
+    )
+    topic_hash = F.when(F.col("topic").isNotNull(), F.xxhash64("topic"))
+    topics = (
+        broker.select("topic")
+        .distinct()
+        .select(F.col("topic").alias("broker_topic"), topic_hash.alias("topic_hash"))
+    )
+    counted = broker.groupBy("msg_id").agg(
+        F.count(F.lit(1)).alias("copies"),  # entries without a msg_id group together: a phantom
+        F.sum(F.when(in_broker_window, 1).otherwise(0)).alias("copies_in_window"),
+        F.min("broker_ts").alias("first_ts"),
+        F.min(topic_hash).alias("topic_hash"),
+    )
+    return counted.join(F.broadcast(topics), "topic_hash", "left").drop("topic_hash")
 
 
 def with_ledger_columns(ledger: DataFrame) -> DataFrame:
