@@ -12,13 +12,16 @@ import argparse
 import json
 import random
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+
+from spark_jobs import session
 
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -100,12 +103,23 @@ def broker_frame(spark: SparkSession, plan: Plan, ledger: DataFrame) -> DataFram
     )
 
 
-def generate(spark: SparkSession, plan: Plan, out: str | Path) -> dict[str, object]:
-    """Write ledger/ and broker/ Parquet under ``out``; returns the expected counts."""
+def generate(
+    spark: SparkSession,
+    plan: Plan,
+    out: str | Path,
+    step: Callable[[str], None] = lambda _: None,
+) -> dict[str, object]:
+    """Write ledger/ and broker/ Parquet under ``out``; returns the expected counts.
+
+    ``step`` is told when each is written. expected.json comes last: a folder that has
+    it holds the whole input.
+    """
     out = Path(out)
     ledger = ledger_frame(spark, plan)
     ledger.write.mode("overwrite").parquet(str(out / "ledger"))
+    step(f"ledger/: {plan.rows:,} rows")
     broker_frame(spark, plan, ledger).write.mode("overwrite").parquet(str(out / "broker"))
+    step("broker/: the ledger's rows delivered, with the injected faults")
     expected = {
         "committed": plan.rows,
         "delivered": plan.rows - plan.lost - plan.pending,
@@ -118,12 +132,15 @@ def generate(spark: SparkSession, plan: Plan, out: str | Path) -> dict[str, obje
             "end": plan.end.isoformat(),
             "sla_s": plan.sla_s,
         },
-        "plan": {
-            k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in asdict(plan).items()
-        },
+        "plan": plan_json(plan),
     }
     (out / "expected.json").write_text(json.dumps(expected, indent=2))
     return expected
+
+
+def plan_json(plan: Plan) -> dict[str, object]:
+    """The plan as expected.json holds it: what made the input, to tell if it can be reused."""
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in asdict(plan).items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -137,9 +154,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = Plan(
         args.rows, args.lost, args.duplicated, args.phantom, args.pending, args.skew_ms, args.seed
     )
-    spark = SparkSession.builder.master(args.master).appName("outbox-generate").getOrCreate()
+    started = time.monotonic()
+
+    def step(what: str) -> None:  # on stderr: stdout is the expected counts' JSON
+        print(f"generate: {what} ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+
+    spark = session.started(session.builder("outbox-generate", args.master))
     try:
-        print(json.dumps(generate(spark, plan, args.out), indent=2))
+        print(json.dumps(generate(spark, plan, args.out, step), indent=2))
     finally:
         spark.stop()
     return 0
