@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,8 +30,8 @@ from bench.report import print_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("duckdb", "local[1]", "local[2]", "cluster")
-CLUSTER = {"workers": 2, "cores": 1, "memory": "1g"}  # the cluster's shape, as the issue's
-INJECTED = {"lost": 101, "duplicated": 57, "phantom": 23, "pending": 11, "skew_ms": 2000}
+WORKERS, WORKER_MEMORY = 2, "1g"  # the cluster: two workers with one core and 1 GiB each
+INJECTED = ("lost", "duplicated", "phantom", "pending", "skew_ms")  # the plan's fault fields
 CHECKED = ("committed", "delivered", "lost", "pending", "duplicated", "phantom")
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
 DEFAULT_CACHE = DEFAULT_CACHE / "outbox-bench" / "reconcile"
@@ -178,7 +177,7 @@ def cached_input(cache: Path, rows: int) -> tuple[Path, dict[str, object]]:
     (written last) is there for the same plan, else generated once, with its steps shown."""
     from spark_jobs.generate import Plan, plan_json
 
-    plan = Plan(rows, **INJECTED)
+    plan = Plan(rows, lost=101, duplicated=57, phantom=23, pending=11, skew_ms=2000)
     folder = cache / f"rows-{rows}"
     expected_file = folder / "expected.json"
     if expected_file.is_file():
@@ -190,16 +189,10 @@ def cached_input(cache: Path, rows: int) -> tuple[Path, dict[str, object]]:
     print(f"input: generating {rows:,} rows into {folder} (once)", flush=True)
     gen = [sys.executable, "-m", "spark_jobs.generate", "--rows", str(rows), "--out", str(folder)]
     gen += ["--master", "local[2]", "--seed", str(plan.seed)]
-    for name, value in INJECTED.items():
-        gen += [f"--{name.replace('_', '-')}", str(value)]
+    for name in INJECTED:
+        gen += [f"--{name.replace('_', '-')}", str(getattr(plan, name))]
     subprocess.run(gen, cwd=ROOT, stdout=subprocess.DEVNULL, check=True)  # steps on stderr
     return folder, json.loads(expected_file.read_text())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def spark_run(
@@ -210,30 +203,32 @@ def spark_run(
     master: str,
     cluster_pids: Callable[[], list[int]] = list,
 ) -> Run:
-    """One spark-submit of the job on ``master``; its step lines go to data/out-MODE.log."""
+    """One spark-submit of the job on ``master``; its output goes to data/out-MODE.log."""
     import pyspark
 
     from spark_jobs.session import log_options
 
     window = expected["window"]
     assert isinstance(window, dict)
-    out = data / f"out-{mode}"
+    name = mode.replace("[", "-").strip("]")  # brackets in a path are a Hadoop glob
+    out = data / f"out-{name}"
     cmd = [str(Path(sys.executable).with_name("spark-submit")), "--master", master]
     cmd += ["--driver-memory", driver_memory]
     cmd += ["--conf", f"spark.driver.extraJavaOptions={log_options()}"]
     if master.startswith("spark://"):  # one one-core executor per worker, with its memory
         cmd += ["--conf", "spark.driver.host=127.0.0.1", "--executor-cores", "1"]
-        cmd += ["--executor-memory", CLUSTER["memory"], "--total-executor-cores", "2"]
+        cmd += ["--executor-memory", WORKER_MEMORY, "--total-executor-cores", str(WORKERS)]
     cmd += [str(ROOT / "spark_jobs" / "reconcile_job.py"), "--out", str(out)]
     cmd += ["--ledger", str(data / "ledger"), "--broker-log", str(data / "broker")]
     cmd += ["--start", window["start"], "--end", window["end"]]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     env["SPARK_HOME"] = str(Path(pyspark.__file__).parent)
-    log = data / f"out-{mode}.log"
+    log = data / f"out-{name}.log"
     print(f"{mode}: running (its steps in {log})", flush=True)
     with log.open("w") as err:
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        # spark-submit's JVM passes the job's stderr on to its stdout
+        proc = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT)
         watcher = Watcher(lambda: [proc.pid, *cluster_pids()])
         watcher.start()
         code = proc.wait()
@@ -295,7 +290,7 @@ def cluster_run(data: Path, expected: dict[str, object], driver_memory: str) -> 
 
     with tempfile.TemporaryDirectory(prefix="outbox-bench-cluster-") as root:
         print("cluster: starting a master and two workers", flush=True)
-        with SparkCluster(**CLUSTER, root=root) as cluster:  # type: ignore[arg-type]
+        with SparkCluster(WORKERS, 1, WORKER_MEMORY, root) as cluster:
 
             def pids() -> list[int]:
                 return [proc.pid for proc in cluster.procs.values()]
@@ -317,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     data, expected = cached_input(args.cache, args.rows)
     load = os.getloadavg()[0]
     runs = run_modes(args.modes, data, expected, args.driver_memory)
-    entries = sum(int(expected[k]) for k in ("delivered", "duplicated", "phantom"))  # type: ignore[call-overload]
+    entries = sum(int(str(expected[k])) for k in ("delivered", "duplicated", "phantom"))
     title = (
         f"reconciliation of {args.rows:,} ledger rows x {entries:,} broker entries, "
         f"driver memory {args.driver_memory}, {os.cpu_count()} CPUs, "
