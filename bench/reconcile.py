@@ -73,6 +73,7 @@ class Run:
     driver_jvm_mib: float | None = None
     driver_python_mib: float | None = None
     executor_mib: float | None = None  # the largest executor; None: tasks ran in the driver
+    failed: bool = False  # the job failed: no figures
 
 
 HEADER = ("mode", "cores", "wall s", "rows/s", "rows/s/core", "cpu s", "driver JVM MiB",
@@ -82,9 +83,12 @@ HEADER = ("mode", "cores", "wall s", "rows/s", "rows/s/core", "cpu s", "driver J
 def table(rows: int, runs: Sequence[Run]) -> list[tuple[str, ...]]:
     """The header and one row per run; rows/s counts ledger rows, the ratio is wall time
     over local[2]'s in the same run ("-" without one)."""
-    base = next((r.wall_s for r in runs if r.mode == "local[2]"), None)
+    base = next((r.wall_s for r in runs if r.mode == "local[2]" and not r.failed), None)
     lines: list[tuple[str, ...]] = [HEADER]
     for run in runs:
+        if run.failed:
+            lines.append((run.mode, str(run.cores), *["-"] * (len(HEADER) - 3), "FAILED"))
+            continue
         rate = rows / run.wall_s
         lines.append(
             (run.mode, str(run.cores), f"{run.wall_s:.1f}", f"{rate:,.0f}",
@@ -235,12 +239,14 @@ def spark_run(
         elapsed = time.monotonic() - started
     watcher.stop()
     summary = out / "summary.json"
+    cores = 1 if master == "local[1]" else 2
     if code not in (0, 3) or not summary.is_file():  # 3: the injected faults found
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-5:])
-        raise SystemExit(f"{mode}: the job failed (exit {code}):\n{tail}")
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-3:])
+        print(f"{mode}: the job failed (exit {code}):\n{tail}", flush=True)
+        return Run(mode, cores, elapsed, False, failed=True)
     total = json.loads(summary.read_text())["total"]
     peaks = watcher.peaks
-    return Run(mode, 1 if master == "local[1]" else 2, elapsed, exact(total, expected),
+    return Run(mode, cores, elapsed, exact(total, expected),
                watcher.cpu_s(), peaks["driver JVM"], peaks["driver Python"],
                peaks["executor JVM"] or None)  # fmt: skip
 

@@ -31,3 +31,10 @@ def test_exact_means_every_injected_count_found() -> None:
     assert exact(FOUND, EXPECTED)
     assert not exact({**FOUND, "lost": 3}, EXPECTED)
     assert not exact({**FOUND, "phantom": 0}, EXPECTED)
+
+
+def test_a_failed_run_shows_no_figures() -> None:
+    (_, failed, two) = table(100, [Run("local[2]", 2, 9.0, False, failed=True),
+                                   Run("cluster", 2, 3.0, True)])  # fmt: skip
+    assert failed == ("local[2]", "2", *["-"] * 8, "FAILED")
+    assert two[9] == "-"  # no ratio to a failed run
