@@ -229,6 +229,14 @@ outbox_message = Table(
     # Status first for MySQL/MariaDB (no partial index there).
     partial_index("ix_outbox_message_dead", ["status", "id"], f"status = '{DEAD}'"),
     partial_index("ix_outbox_message_sent", ["status", "sent_at"], f"status = '{SENT}'"),
+    # The reconciliation's window read over JDBC (spark_jobs.ledger): the rows created in
+    # its span (BRIN: created_at rises with the inserts) or due in it. PostgreSQL only.
+    Index("ix_outbox_message_created_brin", "created_at", postgresql_using="brin").ddl_if(
+        dialect="postgresql"
+    ),
+    Index(
+        "ix_outbox_message_scheduled", "deliver_at", postgresql_where=text("deliver_at IS NOT NULL")
+    ).ddl_if(dialect="postgresql"),
 )
 
 # The last sequence number taken per (topic, key) of ordered messages. Only senders write

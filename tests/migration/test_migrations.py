@@ -40,14 +40,28 @@ def schema_diff(url: str) -> list[object]:
             conn, opts={"compare_type": True, "version_table": migrate.VERSION_TABLE}
         )
         diff = compare_metadata(context, metadata)
+        dialect = conn.dialect.name
     engine.dispose()
-    return [d for d in diff if not (d[0] == "remove_table" and d[1].name == migrate.VERSION_TABLE)]
+    return [d for d in diff if not (d[0] == "remove_table" and d[1].name == migrate.VERSION_TABLE)
+            and not other_dialects(d, dialect)]  # fmt: skip
+
+
+def other_dialects(change: tuple, dialect: str) -> bool:  # type: ignore[type-arg]
+    """An index the model makes on another database only (``Index.ddl_if``, which
+    Alembic's comparison does not read), so the migrations make none here."""
+    if change[0] != "add_index":
+        return False
+    # Alembic compares copies of the model's tables: the model's own index has the rule
+    table = metadata.tables[change[1].table.name]
+    [model] = [i for i in table.indexes if i.name == change[1].name]
+    only = model._ddl_if
+    return only is not None and only.dialect not in (None, dialect)
 
 
 def test_upgrade_downgrade_upgrade(any_db: str) -> None:
     migrate.upgrade(any_db)
     assert tables(any_db) == OUTBOX_TABLES
-    assert migrate.current_revision(any_db) == "0006"
+    assert migrate.current_revision(any_db) == "0007"
     migrate.downgrade(any_db)
     assert tables(any_db) == {migrate.VERSION_TABLE}
     assert migrate.current_revision(any_db) is None
@@ -96,10 +110,10 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 def test_cli_migrate_is_idempotent(pg_url: str) -> None:
     first = run_cli("migrate", "--db", pg_url)
     assert first.returncode == 0, first.stderr
-    assert "outbox schema upgraded none -> 0006" in first.stdout
+    assert "outbox schema upgraded none -> 0007" in first.stdout
     second = run_cli("migrate", "--db", pg_url)
     assert second.returncode == 0, second.stderr
-    assert "outbox schema already at 0006" in second.stdout
+    assert "outbox schema already at 0007" in second.stdout
     assert tables(pg_url) == OUTBOX_TABLES
 
 

@@ -153,5 +153,5 @@ def test_postgresql_and_sqlite_have_nothing_to_convert(pg_url: str, sqlite_url: 
     for url in (pg_url, sqlite_url):
         migrate.upgrade(url, "0002")
         migrate.upgrade(url)
-        assert migrate.current_revision(url) == "0006"
+        assert migrate.current_revision(url) == "0007"
         migrate.downgrade(url, "0002")
