@@ -12,11 +12,13 @@ day of ``created_at``), so that the job reads only its window's days.
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from sqlalchemy import Engine, Select, func, select
 
 from outbox.broker import LogEntry, LogReader
 from outbox.engines import engine_from
+from outbox.errors import ConfigError
 from outbox.message import KEY_HEADER, SEQ_HEADER
 from outbox.table import outbox_message as t
 from outbox.table import transaction_record
@@ -143,37 +146,118 @@ def parquet_file(out: str | Path, schema: pa.Schema) -> Iterator[pq.ParquetWrite
         part.unlink(missing_ok=True)
 
 
+DAY_FOLDER = re.compile(r"day=\d{4}-\d{2}-\d{2}")
+# what an interrupted export by day leaves beside its days: a day written, or set aside
+LEFTOVER = re.compile(r"\.(day=\d{4}-\d{2}-\d{2})\.(part|old)")
+
+
+def day_folder_problem(out: str | Path) -> str | None:
+    """Why ``out`` may not be written by day: it must be absent, or a folder holding only
+    ``day=YYYY-MM-DD`` folders (an earlier export by day), as the days written replace
+    theirs there."""
+    out = Path(out)
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        return "a file; an export by day writes a folder of day=YYYY-MM-DD folders"
+    strangers = [p.name for p in out.iterdir()
+                 if not (DAY_FOLDER.fullmatch(p.name) or LEFTOVER.fullmatch(p.name))
+                 or not p.is_dir()]  # fmt: skip
+    if strangers:
+        return (f"holds {sorted(strangers)[0]!r}; an export by day writes only into a new "
+                "folder or an earlier export by day (day=YYYY-MM-DD folders only)")  # fmt: skip
+    return None
+
+
 class DayFolder:
-    """Writes each chunk's rows under ``day=YYYY-MM-DD/`` by the UTC day of ``created_at``
-    (Spark reads ``day`` back as a partition column and prunes on it)."""
+    """Writes rows under ``.day=YYYY-MM-DD.part/`` by the UTC day of ``created_at``, one
+    Parquet file per day (rows come in id order, so a day mostly comes in one run; a day
+    that comes back gets a file more). ``swap()`` then puts each day in place."""
 
     def __init__(self, root: Path) -> None:
-        self.root, self.chunks = root, 0
+        self.root = root
+        self.files: dict[str, int] = {}  # day: files written for it
+        self.day: str | None = None
+        self.writer: pq.ParquetWriter | None = None
 
     def write_table(self, table: pa.Table) -> None:
-        day = pc.strftime(table["created_at"], format="%Y-%m-%d")  # the column is in UTC
-        pq.write_to_dataset(
-            table.append_column("day", day), str(self.root), partition_cols=["day"],
-            basename_template=f"part-{self.chunks:05d}-{{i}}.parquet",
-        )  # fmt: skip
-        self.chunks += 1
+        days = pc.strftime(table["created_at"], format="%Y-%m-%d").to_pylist()  # UTC
+        start = 0
+        for day, run in groupby(days):
+            length = sum(1 for _ in run)
+            self.writer_for(day).write_table(table.slice(start, length))
+            start += length
+
+    def writer_for(self, day: str) -> pq.ParquetWriter:
+        if day != self.day or self.writer is None:
+            self.close()
+            n = self.files.get(day, 0)
+            self.files[day] = n + 1
+            folder = self.root / f".day={day}.part"
+            folder.mkdir(exist_ok=n > 0)
+            self.writer = pq.ParquetWriter(str(folder / f"part-{n:05d}.parquet"), LEDGER)
+            self.day = day
+        return self.writer
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer, self.day = None, None
+
+    def swap(self) -> None:
+        """Each day written replaces its old folder, one at a time: the old one moves
+        aside, the new one in, the old one goes; the other days stay as they were."""
+        for day in sorted(self.files):
+            swap_day(self.root, day)
+
+
+def swap_day(root: Path, day: str) -> None:
+    new, old = root / f".day={day}.part", root / f".day={day}.old"
+    current = root / f"day={day}"
+    if current.exists():
+        current.replace(old)
+    new.replace(current)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def tidy(root: Path) -> None:
+    """Undo what an interrupted export left: a day set aside and not replaced comes back,
+    days half written go."""
+    for path in root.iterdir():
+        if (found := LEFTOVER.fullmatch(path.name)) is None:
+            continue
+        current = root / found[1]
+        if found[2] == "old" and not current.exists():
+            path.replace(current)
+        else:
+            shutil.rmtree(path)
 
 
 @contextmanager
 def parquet_days(out: str | Path) -> Iterator[DayFolder]:
-    """A day-partitioned folder that appears at ``out`` only once the export succeeded
-    (written as ``.NAME.part`` beside it, then renamed; an older ``out`` is replaced)."""
+    """Write into ``out``, a folder of ``day=YYYY-MM-DD/`` partitions: new, or an earlier
+    export by day whose days this one adds or replaces (nightly ``--since`` exports build
+    up the year). Nothing is replaced before every row is written; a failed export
+    leaves the older days as they were."""
     out = Path(out)
-    part = out.with_name(f".{out.name}.part")
-    shutil.rmtree(part, ignore_errors=True)
+    if problem := day_folder_problem(out):
+        raise ConfigError(f"out {out}: {problem}")
+    created = not out.exists()
+    out.mkdir(exist_ok=True)
+    tidy(out)
+    days = DayFolder(out)
     try:
-        yield DayFolder(part)
-        part.mkdir(exist_ok=True)  # no rows: an empty folder
-        if out.is_dir():
-            shutil.rmtree(out)
-        part.replace(out)
+        yield days
+        days.close()
+        days.swap()
+    except BaseException:
+        days.close()
+        if created:  # a failed first export leaves no folder a reader could take for one
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     finally:
-        shutil.rmtree(part, ignore_errors=True)
+        if out.exists():
+            tidy(out)
 
 
 def cell(value: object) -> object:

@@ -53,7 +53,8 @@ def add_export(commands: Commands) -> None:
         "--by-day",
         action="store_true",
         help="ledger only: write --out as a folder of day=YYYY-MM-DD/ partitions (created_at's "
-        "UTC day), so that `outbox reconcile` reads only its window's days",
+        "UTC day), so that `outbox reconcile` reads only its window's days; into an earlier "
+        "export by day, the days written replace theirs and the others stay",
     )
 
 
@@ -78,6 +79,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise OutboxError(f"--out {args.out}: no folder {folder}")
     if args.by_day and args.what != "ledger":
         raise UsageError(f"--by-day: for a ledger export only, not {args.what}")
+    if args.by_day and (problem := export.day_folder_problem(args.out)):
+        raise OutboxError(f"--out {args.out}: {problem}")
     if args.what == "ledger":
         db = required(args.db, "--db", "a ledger export (or set OUTBOX_DB)")
         total = export.ledger_count(db, args.since, args.until)
