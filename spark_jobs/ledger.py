@@ -13,7 +13,9 @@ from Debian's libpostgresql-jdbc-java (`make test` installs it).
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, date, datetime
+from functools import reduce
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -58,13 +60,24 @@ def with_jdbc_jar(builder: SparkSession.Builder) -> SparkSession.Builder:
     return builder.config("spark.jars", JDBC_JAR)
 
 
-def window_sql(window: Window | None) -> str:
-    """The WHERE clause of the window's rows (empty without a window)."""
+def window_sql(window: Window | None, lowest_id: int | None = None) -> str:
+    """The WHERE clause of the window's rows (empty without a window): created in its span
+    (from ``lowest_id`` on, when known), or due in it."""
     if window is None:
         return ""
     lo, hi = sql_time(window.ledger_from), sql_time(window.ledger_until)
     created = f"created_at >= {lo} AND created_at < {hi}"
+    if lowest_id is not None:
+        created += f" AND id >= {lowest_id}"
     return f" WHERE ({created}) OR (deliver_at >= {lo} AND deliver_at < {hi})"
+
+
+def created_sql(window: Window | None) -> str:
+    """The WHERE clause of the rows created in the window's span (the id bounds' rows)."""
+    if window is None:
+        return ""
+    lo, hi = sql_time(window.ledger_from), sql_time(window.ledger_until)
+    return f" WHERE created_at >= {lo} AND created_at < {hi}"
 
 
 def sql_time(moment: datetime) -> str:
@@ -72,9 +85,12 @@ def sql_time(moment: datetime) -> str:
 
 
 def id_bounds(spark: SparkSession, sqlalchemy_url: str, window: Window | None) -> tuple[int, int]:
-    """The lowest and highest id among the window's rows: the JDBC partitions' range."""
+    """The lowest and highest id among the rows created in the window's span: the JDBC
+    partitions' range. Not of the rows due in it: one scheduled months ago would stretch
+    the range over the months between, and the night would land in one partition (rows
+    below the range go to the first partition, which Spark reads as ``id < b1``)."""
     url, props = jdbc_url(sqlalchemy_url)
-    query = f"(SELECT min(id) AS lo, max(id) AS hi FROM outbox_message{window_sql(window)}) AS b"
+    query = f"(SELECT min(id) AS lo, max(id) AS hi FROM outbox_message{created_sql(window)}) AS b"
     row = spark.read.jdbc(url, query, properties=props).first()
     return (int(row["lo"]), int(row["hi"])) if row and row["lo"] is not None else (0, 0)
 
@@ -85,7 +101,7 @@ def read_ledger_jdbc(
     url, props = jdbc_url(sqlalchemy_url)
     lo, hi = id_bounds(spark, sqlalchemy_url, window)
     columns = ", ".join(["id", "msg_id::text AS msg_id", *LEDGER_COLUMNS[2:]])
-    query = f"(SELECT {columns} FROM outbox_message{window_sql(window)}) AS ledger"
+    query = f"(SELECT {columns} FROM outbox_message{window_sql(window, lo)}) AS ledger"
     frame = spark.read.jdbc(
         url, query, column="id", lowerBound=lo, upperBound=hi + 1,
         numPartitions=partitions, properties=props,
@@ -110,12 +126,36 @@ def read_ledger(spark: SparkSession, source: str, window: Window | None = None) 
     ``window``, only the rows it needs."""
     if is_postgres(source):
         return read_ledger_jdbc(spark, source, window)
-    return in_window(spark.read.parquet(source), window)
+    return in_span(read_parquet(spark, source), window)
 
 
-def in_window(ledger: DataFrame, window: Window | None) -> DataFrame:
-    """The Parquet ledger's rows the window needs; by day (the ``day`` partition column of
-    an export by day) so that Spark lists and reads only the window's days' files."""
+def read_parquet(spark: SparkSession, source: str) -> DataFrame:
+    """A ledger export; an export by day of an empty range (a folder without a Parquet
+    file) is an empty ledger of the export's columns, not an error."""
+    reader = spark.read
+    if is_empty_folder(source):
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from spark_jobs.schema import LEDGER
+
+        reader = reader.schema(from_arrow_schema(LEDGER))
+    return reader.parquet(source)
+
+
+def is_empty_folder(source: str) -> bool:
+    """A local folder holding no Parquet file (an export by day of an empty range)."""
+    path = Path(source.removeprefix("file://"))
+    return (
+        "://" not in source.removeprefix("file://")
+        and path.is_dir()
+        and not any(path.rglob("*.parquet"))
+    )
+
+
+def in_span(ledger: DataFrame, window: Window | None) -> DataFrame:
+    """The Parquet ledger's rows the window needs: created in its span, or due in it; by
+    day (the ``day`` partition column of an export by day) so that Spark lists and reads
+    only the span's days' files for the rows created in it."""
     if window is None:
         return ledger
     lo, hi = window.ledger_from, window.ledger_until
@@ -127,9 +167,63 @@ def in_window(ledger: DataFrame, window: Window | None) -> DataFrame:
         return ledger.where(created | due)
     days = F.col("day").between(F.lit(utc_day(lo)), F.lit(utc_day(hi)))  # dates, inferred
     # two disjoint parts: an OR with a data column would keep Spark from pruning days
-    scheduled_earlier = ledger.where(due & (F.col("created_at") < F.lit(lo)))
-    return ledger.where(days & created).unionByName(scheduled_earlier)
+    due_outside = ledger.where(due & ~created)  # scheduled earlier, or a past deliver_at
+    return ledger.where(days & created).unionByName(due_outside)
 
 
 def utc_day(moment: datetime) -> date:
     return moment.astimezone(UTC).date()
+
+
+# Phantom candidates (at the broker in the window, no ledger row in the span) looked up by
+# msg_id from the driver up to this many; past it, by a join with the rows outside the span.
+LOOKUP_CAP = 100_000
+LOOKUP_BATCH = 5_000  # msg_ids per query
+UUID_TEXT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def committed_outside(
+    spark: SparkSession, source: str, candidates: DataFrame, window: Window
+) -> DataFrame | None:
+    """The msg_ids among ``candidates`` (a ``msg_id`` column) that have a ledger row outside
+    the window's span: deliveries of commits before it (or long after), which the whole
+    ledger would have matched. None when there is no candidate (nothing read then)."""
+    ids = [row["msg_id"] for row in candidates.limit(LOOKUP_CAP + 1).collect()]
+    if not ids:
+        return None
+    if not is_postgres(source):  # the whole export's msg_id column, joined on the executors
+        ledger = read_parquet(spark, source).select("msg_id")
+        return ledger.join(candidates, "msg_id", "left_semi").distinct()
+    if len(ids) > LOOKUP_CAP:
+        return outside_span_jdbc(spark, source, window).join(candidates, "msg_id", "left_semi")
+    return by_msg_id_jdbc(spark, source, ids)
+
+
+def by_msg_id_jdbc(spark: SparkSession, sqlalchemy_url: str, ids: list[str]) -> DataFrame | None:
+    """The ledger's msg_ids among ``ids``, by its unique index, a query per batch. Only
+    a UUID's text as PostgreSQL writes it can match (the job joins on ``msg_id::text``)."""
+    url, props = jdbc_url(sqlalchemy_url)
+    valid = sorted({i for i in ids if i and UUID_TEXT.fullmatch(i)})  # also keeps the SQL safe
+    if not valid:
+        return None
+    found = []
+    for n in range(0, len(valid), LOOKUP_BATCH):
+        listed = ",".join(valid[n : n + LOOKUP_BATCH])
+        where = f"msg_id = ANY(CAST('{{{listed}}}' AS uuid[]))"  # not msg_id::text: the index
+        query = f"(SELECT msg_id::text AS msg_id FROM outbox_message WHERE {where}) AS known"
+        found.append(spark.read.jdbc(url, query, properties=props))
+    return reduce(DataFrame.unionByName, found)
+
+
+def outside_span_jdbc(spark: SparkSession, sqlalchemy_url: str, window: Window) -> DataFrame:
+    """The msg_ids of the rows created outside the window's span, in id ranges."""
+    url, props = jdbc_url(sqlalchemy_url)
+    lo, hi = sql_time(window.ledger_from), sql_time(window.ledger_until)
+    where = f"created_at < {lo} OR created_at >= {hi}"
+    query = f"(SELECT id, msg_id::text AS msg_id FROM outbox_message WHERE {where}) AS outside"
+    lowest, highest = id_bounds(spark, sqlalchemy_url, None)
+    frame = spark.read.jdbc(
+        url, query, column="id", lowerBound=lowest, upperBound=highest + 1,
+        numPartitions=8, properties=props,
+    )  # fmt: skip
+    return frame.select("msg_id")

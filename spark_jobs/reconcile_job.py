@@ -66,6 +66,7 @@ def check_inputs(ledger: str, broker_log: str, halfop_log: str | None, out: str)
 
     Remote paths (hdfs://, s3a://) and a JDBC ledger are left to Spark to judge.
     """
+    from spark_jobs.ledger import is_empty_folder
     from spark_jobs.schema import (
         BROKER,
         BROKER_OPTIONAL,
@@ -75,7 +76,8 @@ def check_inputs(ledger: str, broker_log: str, halfop_log: str | None, out: str)
         RECORDS,
     )
 
-    if not is_remote(ledger):  # also skips a postgresql:// ledger
+    # a postgresql:// ledger is remote; an export by day of an empty range has no file
+    if not is_remote(ledger) and not is_empty_folder(ledger):
         schema, optional = (LEDGER, LEDGER_OPTIONAL) if halfop_log is None else (RECORDS, ())
         require_columns("--ledger", ledger, [n for n in schema.names if n not in optional])
     if not is_remote(broker_log):
@@ -146,8 +148,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--lookback",
         type=seconds,
         default=3600.0,
-        help="seconds before --start whose ledger rows are read too, only to know a late "
-        "delivery of an earlier commit from a phantom (default 3600)",
+        help="seconds before --start whose ledger rows are read with the window's; only an "
+        "optimisation: a message at the broker in the window with no ledger row read is "
+        "then looked up by msg_id in the whole ledger before it counts as a phantom, so "
+        "the results do not depend on it (default 3600)",
     )
     parser.add_argument(
         "--master",

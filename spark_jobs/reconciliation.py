@@ -120,6 +120,24 @@ def broker_copies(broker: DataFrame, window: Window) -> DataFrame:
     return counted.join(F.broadcast(topics), "topic_hash", "left").drop("topic_hash")
 
 
+def without_earlier_commits(
+    spark: SparkSession, ledger_path: str, classified: DataFrame, window: Window
+) -> DataFrame:
+    """``classified`` without the phantoms that have a ledger row outside the span read
+    (a commit older than --lookback, delivered in the window): the whole ledger would
+    have matched them, and a ledger row committed outside the window counts nowhere. So
+    the results are those of a read of the whole ledger; --lookback only spares lookups."""
+    from spark_jobs.ledger import committed_outside
+
+    usable = F.col("msg_id").isNotNull() & (F.length("msg_id") > 0)  # as classify's join
+    phantoms = classified.where((F.col("kind") == "phantom") & usable)
+    found = committed_outside(spark, ledger_path, phantoms.select("msg_id"), window)
+    if found is None:
+        return classified
+    # left_anti: a row with a null msg_id (malformed, the null phantom) matches nothing
+    return classified.join(found, "msg_id", "left_anti").cache()
+
+
 def with_ledger_columns(ledger: DataFrame) -> DataFrame:
     """The ledger with ``deliver_at``: null where the export had none (older exports,
     model B's records): every message then is due at its commit. And ``attempts``, null
@@ -200,7 +218,17 @@ def summarise(classified: DataFrame) -> dict[str, Any]:
             summary["total"], summary["latency_histogram"] = clean, buckets
         else:
             summary["topics"][topic] = clean
+    if not rows:  # no message at all (an empty range): rollup gives no row, not zeros
+        summary["total"] = empty_total()
+        summary["latency_histogram"] = [(label, 0) for label in histogram_labels()]
     return summary
+
+
+def empty_total() -> dict[str, Any]:
+    """The totals of a window without a message, keys in the order summarise gives them."""
+    counts = dict.fromkeys([*KINDS, "committed", "duplicated", "out_of_order"], 0)
+    latencies = ("latency_max_ms", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms")
+    return {**counts, **dict.fromkeys(latencies)}
 
 
 def histogram_aggs() -> list[Column]:
@@ -257,7 +285,9 @@ def reconcile(
         ledger = model_b.ledger_from_records(records, per_msg)
         read = f"read {records.count()} records, {halfop.count()} half/op entries"
     step(f"{read}, {broker.count()} broker log entries")
-    classified = classify(ledger, broker, window).cache()
+    classified = first = classify(ledger, broker, window).cache()
+    if halfop_path is None:  # model B reads every record: it has no span
+        classified = without_earlier_commits(spark, ledger_path, classified, window)
     summary = summarise(classified)  # Spark joins here: the long step
     total = summary["total"]
     step(f"joined {total['committed'] + total['phantom']} messages: " + outcome(total))
@@ -272,6 +302,7 @@ def reconcile(
     written = write_discrepancies(classified, out / "discrepancies")
     listed = first_out_of_order(classified) if summary["total"].get("out_of_order") else []
     classified.unpersist()
+    first.unpersist()
     write_csv(spark, out / "discrepancies", out / "discrepancies.csv")
     findings = first_findings(spark, out / "discrepancies") if written else {}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

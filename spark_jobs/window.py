@@ -16,8 +16,9 @@ class Window:
     start: datetime
     end: datetime
     sla_s: float = 60.0
-    # How far before the window the ledger is read: only so that a message committed
-    # earlier and delivered inside the window (a late sweep) is not taken for a phantom.
+    # How far before the window the ledger is read with it: a message committed earlier
+    # and delivered inside the window (a late sweep) is found there; one committed before
+    # is looked up by msg_id (reconciliation.without_earlier_commits). An optimisation only.
     lookback_s: float = 3600.0
 
     @property

@@ -49,6 +49,9 @@ def fill_year(db: str) -> None:
     rows += [row(10_000 + n, night + timedelta(seconds=n)) for n in range(200)]
     rows += [row(20_000, NIGHT - timedelta(minutes=30))]  # delivered late, in the night
     rows += [row(20_001, YEAR + timedelta(days=60), "pending", due=NIGHT + timedelta(hours=10))]
+    rows += [row(20_002, NIGHT - timedelta(hours=2))]  # older than --lookback, delivered late
+    # committed long after the night with a past deliver_at (due at once): in the span by it
+    rows += [row(20_003, NIGHT + timedelta(days=2), due=NIGHT + timedelta(hours=3))]
     rows.sort(key=lambda r: r["created_at"])
     engine = engine_from(db)
     with engine.begin() as conn:
@@ -58,10 +61,11 @@ def fill_year(db: str) -> None:
 
 def night_broker_log(path: Path) -> str:
     """The broker log of the night: 200 + 4 commits, 3 lost, 2 duplicated, 2 phantoms, and
-    the late and the scheduled message of earlier commits (neither is a phantom)."""
+    the two late and the scheduled message of earlier commits (none is a phantom; one is
+    older than the default --lookback)."""
     delivered = [n for n in range(10_000, 10_200) if n not in (10_007, 10_070, 10_150)]
     year = [n for n in range(4 * 365) if NIGHT <= YEAR + timedelta(hours=3 + 6 * n) < WINDOW.end]
-    entries = [*year, *delivered, 10_011, 10_012, 20_000, 20_001, 90_000, 90_001]
+    entries = [*year, *delivered, 10_011, 10_012, 20_000, 20_001, 20_002, 90_000, 90_001]
     start = NIGHT + timedelta(hours=2)
     rows = [{"msg_id": msg(n), "topic": f"t.{n % 2}", "seq": str(i),
              "broker_ts": start + timedelta(seconds=i)} for i, n in enumerate(entries)]  # fmt: skip
@@ -74,5 +78,7 @@ def night_broker_log(path: Path) -> str:
 # What the night holds: 204 commits (200 + the year's 4), 3 lost, 2 duplicated, 2 phantoms
 EXPECTED = {"committed": 204, "delivered": 201, "lost": 3, "duplicated": 2, "phantom": 2,
             "pending": 0, "stuck": 0}  # fmt: skip
-# The rows the job reads: the night's 204, the late one (in the lookback), the scheduled one
-READ = 206
+# The rows the job reads: the night's 204, the late one in the lookback, the scheduled one,
+# the one committed after the night and due in it
+READ = 207
+ALL = 4 * 365 + 200 + 4  # the whole table
