@@ -142,3 +142,21 @@ def test_an_empty_by_day_export_reconciles_to_zeros(
     total = reconcile(spark, str(ledger), str(broker), tmp_path / "out", window)["total"]
     assert total["committed"] == total["phantom"] == total["lost"] == 0
     assert (tmp_path / "out" / "report.html").exists()
+
+
+def test_phantom_candidates_are_found_in_the_whole_ledger(
+    spark: SparkSession, year: str, exports: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By msg_id batches, by the join past the cap (JDBC), by the semi-join (Parquet)."""
+    from spark_jobs import ledger
+
+    candidates = spark.createDataFrame([(msg(20_002),), (msg(90_000),), ("x'y",)], "msg_id string")
+
+    def found(source: str) -> list[str]:
+        frame = ledger.committed_outside(spark, source, candidates, WINDOW)
+        return sorted(r["msg_id"] for r in frame.collect()) if frame is not None else []
+
+    assert found(year) == found(exports["flat"]) == found(exports["by_day"]) == [msg(20_002)]
+    monkeypatch.setattr(ledger, "LOOKUP_CAP", 1)
+    assert found(year) == [msg(20_002)]
+    assert ledger.committed_outside(spark, year, candidates.limit(0), WINDOW) is None
