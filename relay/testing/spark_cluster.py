@@ -13,6 +13,7 @@ ALIVE, or raises with the tail of the daemons' logs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -30,7 +31,12 @@ from typing import IO, Any
 from relay.testing.embedded import free_port
 
 MASTER = "org.apache.spark.deploy.master.Master"
+BIND_FAILED = "BindException"  # in a daemon's log when its port was taken
 WORKER = "org.apache.spark.deploy.worker.Worker"
+
+
+class PortTaken(RuntimeError):
+    """A daemon could not bind the free port picked for it: another process took it first."""
 
 
 def spark_home() -> Path:
@@ -69,13 +75,28 @@ class SparkCluster:
         return self.root / "logs"
 
     def start(self, timeout: float = 90.0) -> SparkCluster:
-        """Start the master and the workers; wait until all workers are ALIVE."""
+        """Start the master and the workers; wait until all workers are ALIVE. A port
+        taken between picking and binding it (the daemons do not move to another one)
+        gets one more try on new ports. On any failure nothing is left running."""
+        try:
+            try:
+                self._start(timeout)
+            except PortTaken:
+                self.stop(keep_root=True)
+                self.port, self.web_port = free_port(), free_port()
+                self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, timeout: float) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         (self.root / "conf").mkdir(exist_ok=True)  # empty: no site spark-defaults leak in
         ports = ["--host", "127.0.0.1", "--port", str(self.port)]
         self._launch("master", [MASTER, *ports, "--webui-port", str(self.web_port)])
         # a worker that finds no master retries only after seconds: start them once it is up
-        self._wait(lambda: self.master_state() == "ALIVE", "the master ALIVE", timeout)
+        self._wait(self.master_alive, "the master ALIVE", timeout)
         for n in range(self.workers):
             work = self.root / f"work-{n}"
             work.mkdir(exist_ok=True)
@@ -87,7 +108,11 @@ class SparkCluster:
             )  # fmt: skip
         wanted = f"{self.workers} ALIVE workers"
         self._wait(lambda: self.alive_workers() >= self.workers, wanted, timeout)
-        return self
+
+    def master_alive(self) -> bool:
+        """Our master is up: its JSON names our port (not another's web UI on that port)."""
+        state = self.state()
+        return state.get("url") == self.master_url and state.get("status") == "ALIVE"
 
     def state(self) -> dict[str, Any]:
         """The master's JSON (its status, workers, apps); empty while its web UI is not up."""
@@ -104,13 +129,13 @@ class SparkCluster:
         """How many workers the master lists ALIVE."""
         return sum(1 for w in self.state().get("workers", []) if w.get("state") == "ALIVE")
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def stop(self, timeout: float = 20.0, keep_root: bool = False) -> None:
         """End each daemon's process group (SIGTERM, then SIGKILL) and wait for it;
         the workers first, so they do not try to reconnect to a master that left."""
         procs, self.procs = self.procs, {}
         for proc in reversed(procs.values()):
             stop_group(proc, timeout)
-        if self._own_root:
+        if self._own_root and not keep_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> SparkCluster:
@@ -137,7 +162,10 @@ class SparkCluster:
             SPARK_LOCAL_IP="127.0.0.1",
             SPARK_DAEMON_MEMORY=self.daemon_memory,
             # the REST submission server listens on a fixed port (6066): two clusters clash
-            SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
+            # a taken port fails the start (then retried on new ones) instead of the daemon
+            # moving silently to the next port, where no one looks for it
+            SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false -Dspark.port.maxRetries=0",
+            SPARK_WORKER_OPTS="-Dspark.port.maxRetries=0",
             PYSPARK_PYTHON=sys.executable,  # executors' Python: the one that has pyspark
         )
         return env
@@ -155,30 +183,41 @@ class SparkCluster:
         self.procs[name] = proc
 
     def _wait(self, ready: Callable[[], bool], what: str, timeout: float) -> None:
-        """Poll ``ready`` until true; past ``timeout`` or a daemon's exit, stop and raise
-        with the logs' tails."""
+        """Poll ``ready`` until true; past ``timeout`` or a daemon's exit, raise with the
+        logs' tails (PortTaken when a daemon could not bind its port)."""
         deadline = time.monotonic() + timeout
         while not ready():
             dead = [name for name, p in self.procs.items() if p.poll() is not None]
             if dead or time.monotonic() > deadline:
                 why = f"{dead[0]} exited" if dead else f"not within {timeout:.0f} s"
                 tail = self.log_tail()
-                self.stop()
-                raise RuntimeError(
-                    f"Spark cluster at {self.master_url}: no {what} ({why}):\n{tail}"
-                )
+                error = PortTaken if dead and BIND_FAILED in tail else RuntimeError
+                raise error(f"Spark cluster at {self.master_url}: no {what} ({why}):\n{tail}")
             time.sleep(0.2)
 
 
 def stop_group(proc: subprocess.Popen[bytes], timeout: float) -> None:
-    """SIGTERM the process's group, SIGKILL it if still there after ``timeout``."""
-    if proc.poll() is not None:
-        return
+    """SIGTERM the process's group, SIGKILL it if still there after ``timeout``; the group
+    too when its leader has exited (an executor it launched may live on)."""
+    signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while group_alive(proc) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if group_alive(proc):
+        signal_group(proc, signal.SIGKILL)
+        proc.wait()
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the whole group is gone already
+        os.killpg(proc.pid, sig)
+
+
+def group_alive(proc: subprocess.Popen[bytes]) -> bool:
+    """Any process of the group left (the leader reaped first: a zombie counts as one)."""
+    proc.poll()
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        os.killpg(proc.pid, 0)
     except ProcessLookupError:
-        proc.wait()
+        return False
+    return True

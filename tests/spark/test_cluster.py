@@ -42,7 +42,7 @@ def window_flags(window: Any) -> list[str]:
     return ["--start", window.start.isoformat(), "--end", window.end.isoformat(), "--sla", "60"]
 
 
-def run(cmd: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300, check=False
     )
@@ -52,9 +52,9 @@ def total_in(out: Path) -> dict[str, Any]:
     return dict(json.loads((out / "summary.json").read_text())["total"])
 
 
-def executor_logs(cluster: SparkCluster) -> str:
-    """What the executors of every application logged (their stderr in the work folders)."""
-    return "".join(p.read_text(errors="replace") for p in cluster.root.glob("work-*/*/*/stderr"))
+def executor_logs(cluster: SparkCluster) -> set[Path]:
+    """The executors' stderr files of every application so far, in the work folders."""
+    return set(cluster.root.glob("work-*/*/*/stderr"))
 
 
 @dataclass(frozen=True)
@@ -84,13 +84,12 @@ def test_jdbc_ledger_on_the_cluster_gives_local_modes_summary(
     before = executor_logs(spark_cluster)
     cmd = [str(BIN / "outbox"), "reconcile", "--ledger", pg_url, "--broker-log", broker]
     cmd += ["--out", str(tmp_path / "cluster"), *window_flags(WINDOW)]
-    done = run([*cmd, "--master", spark_cluster.master_url])
+    done = run([*cmd, "--master", spark_cluster.master_url], cwd=tmp_path)
     assert done.returncode == 3, done.stderr[-3000:]  # lost and phantom found
-    assert total_in(tmp_path / "cluster") == local
-    # the JDBC read ran on the executors: they fetched the driver jar and read id ranges
-    logs = executor_logs(spark_cluster)[len(before) :]
+    assert total_in(tmp_path / "cluster") == local  # the ledger came through the executors
+    # this run's executors (their own stderr files) fetched the JDBC driver jar
+    logs = "".join(p.read_text(errors="replace") for p in executor_logs(spark_cluster) - before)
     assert re.search(r"Fetching spark://\S+/jars/postgresql\.jar", logs), logs[-3000:]
-    assert "JDBCRDD" in logs or "jdbc" in logs.lower(), logs[-3000:]
 
 
 def test_model_b_on_the_cluster_gives_local_modes_summary(
@@ -100,7 +99,7 @@ def test_model_b_on_the_cluster_gives_local_modes_summary(
     local = reconcile(spark, records, broker, tmp_path / "local", B_WINDOW, halfop)["total"]
     cmd = [str(BIN / "outbox"), "reconcile", "--ledger", records, "--broker-log", broker]
     cmd += ["--halfop-log", halfop, "--out", str(tmp_path / "cluster"), *window_flags(B_WINDOW)]
-    done = run([*cmd, "--master", spark_cluster.master_url])
+    done = run([*cmd, "--master", spark_cluster.master_url], cwd=tmp_path)
     assert done.returncode == 3, done.stderr[-3000:]
     assert total_in(tmp_path / "cluster") == local
     assert (local["halfs"], local["lost"], local["phantom"]) == (7, 1, 1)
@@ -111,6 +110,18 @@ def documented_commands() -> list[list[str]]:
     text = README.read_text()
     [block] = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "spark-submit" in b]
     return [shlex.split(line, comments=True) for line in block.replace("\\\n", " ").splitlines()]
+
+
+def telling(archive: Path) -> None:
+    """Make the zip's spark_jobs/__init__.py say where it is imported from."""
+    with zipfile.ZipFile(archive) as zipped:
+        members = {name: zipped.read(name) for name in zipped.namelist()}
+    members["spark_jobs/__init__.py"] += (
+        b"\nimport sys\nprint('spark_jobs imported from', __file__, file=sys.stderr)\n"
+    )
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
+        for name, data in members.items():
+            zipped.writestr(name, data)
 
 
 def test_spark_submit_as_the_example_documents_it(
@@ -127,9 +138,34 @@ def test_spark_submit_as_the_example_documents_it(
     bundle, submit = documented_commands()
     assert bundle[:3] == ["python", "-m", "spark_jobs.bundle"] and submit[0] == "spark-submit"
     assert run([programs[bundle[0]], *bundle[1:]], cwd=tmp_path).returncode == 0
+    telling(tmp_path / "ship" / "spark_jobs.zip")
     done = run([programs[submit[0]], *(given.get(a, a) for a in submit[1:])], cwd=tmp_path)
-    assert done.returncode == 3, (done.stdout + done.stderr)[-3000:]
+    said = done.stdout + done.stderr
+    assert done.returncode == 3, said[-3000:]
+    # the driver imported the package from the zip, not from this checkout
+    [imported] = re.findall(r"spark_jobs imported from (\S+)", said)
+    assert "spark_jobs.zip" in imported, imported
     assert total_in(tmp_path / "out") == night.local  # a Parquet ledger: the same summary
     assert "DISCREPANCIES" in (tmp_path / "out" / "report.html").read_text()
     shipped = zipfile.ZipFile(tmp_path / "ship" / "spark_jobs.zip").namelist()
     assert {"spark_jobs/reconcile_job.py", "spark_jobs/templates/report.html"} <= set(shipped)
+
+
+class Recorded(SparkCluster):
+    """A cluster that keeps every daemon it launched, to check they all ended."""
+
+    launched: list[subprocess.Popen[bytes]]
+
+    def _launch(self, name: str, args: list[str]) -> None:
+        super()._launch(name, args)
+        self.launched = [*getattr(self, "launched", []), self.procs[name]]
+
+
+def test_a_failed_start_says_why_and_leaves_nothing_running(tmp_path: Path) -> None:
+    """A worker that refuses its flags: the error has its log's tail, the master is gone."""
+    cluster = Recorded(workers=1, memory="lots", root=tmp_path)
+    with pytest.raises(RuntimeError, match="worker-0 exited") as failed:
+        cluster.start()
+    assert "--- worker-0.out" in str(failed.value) and "Usage" in str(failed.value)
+    assert len(cluster.launched) == 2 and all(p.poll() is not None for p in cluster.launched)
+    assert cluster.procs == {} and cluster.state() == {}  # the master's web UI is down
