@@ -1,9 +1,13 @@
 """``python -m spark_jobs.bundle FOLDER``: what ``spark-submit`` needs to run the job anywhere.
 
-Writes ``FOLDER/spark_jobs.zip`` (this package, for ``--py-files``: the driver and the
-executors import it from there), ``FOLDER/reconcile.py`` (the entry file spark-submit
-runs) and ``FOLDER/log4j2.properties`` (the driver's quiet logging, for
+Writes ``FOLDER/spark_jobs.zip`` (this package, for ``--py-files``: the driver imports
+it from there), ``FOLDER/reconcile.py`` (the entry file spark-submit runs) and
+``FOLDER/log4j2.properties`` (the driver's quiet logging, for
 ``-Dlog4j2.configurationFile``), and prints their paths. Standard library only.
+
+The driver's Python still needs the job's libraries: pyspark, pyarrow, jinja2 and plotly
+(``pip install 'outbox-relay[spark]'``). The executors run no Python of the job (no
+UDFs: every step is Spark SQL), so the zip and these libraries are for the driver.
 """
 
 from __future__ import annotations
