@@ -188,12 +188,14 @@ def committed_outside(
     """The msg_ids among ``candidates`` (a ``msg_id`` column) that have a ledger row outside
     the window's span: deliveries of commits before it (or long after), which the whole
     ledger would have matched. None when there is no candidate (nothing read then)."""
+    if not is_postgres(source):  # the whole export's msg_id column, joined on the executors
+        if candidates.isEmpty():
+            return None
+        ledger = read_parquet(spark, source).select("msg_id")
+        return ledger.join(candidates, "msg_id", "left_semi").distinct()
     ids = [row["msg_id"] for row in candidates.limit(LOOKUP_CAP + 1).collect()]
     if not ids:
         return None
-    if not is_postgres(source):  # the whole export's msg_id column, joined on the executors
-        ledger = read_parquet(spark, source).select("msg_id")
-        return ledger.join(candidates, "msg_id", "left_semi").distinct()
     if len(ids) > LOOKUP_CAP:
         return outside_span_jdbc(spark, source, window).join(candidates, "msg_id", "left_semi")
     return by_msg_id_jdbc(spark, source, ids)
