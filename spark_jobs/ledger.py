@@ -2,13 +2,14 @@
 
 Only the rows a window needs are read (``Window.ledger_from`` to ``ledger_until``:
 created then, or due then for a message scheduled earlier). Over JDBC the window is a
-WHERE in the query PostgreSQL runs, and the read is split into ``partitions`` id
-ranges between the window's own lowest and highest id, so neither the driver nor any
-one executor holds the night, and no executor scans the year. From Parquet exported
-by day (``outbox export ledger --by-day``: ``day=YYYY-MM-DD`` folders) Spark reads only
-the window's days (partition pruning), plus the footers of the rest for scheduled rows;
-a flat export is filtered row group by row group. The PostgreSQL JDBC driver comes
-from Debian's libpostgresql-jdbc-java (`make test` installs it).
+WHERE in the query PostgreSQL runs, and the read is split into id ranges (one per
+million ids, at least 8; rows fetched 10,000 at a time) between the window's own
+lowest and highest id, so neither the driver nor any one executor holds the night,
+and no executor scans the year. From Parquet exported by day (``outbox export ledger
+--by-day``: ``day=YYYY-MM-DD`` folders) Spark reads only the window's days (partition
+pruning), plus the footers of the rest for scheduled rows; a flat export is filtered
+row group by row group. The PostgreSQL JDBC driver comes from Debian's
+libpostgresql-jdbc-java (`make test` installs it).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from pyspark.sql import functions as F
 from spark_jobs.window import Window
 
 JDBC_JAR = "/usr/share/java/postgresql.jar"
+# An id range per million rows (at least 8): a billion-row night is a thousand tasks.
+ROWS_PER_PARTITION = 1_000_000
+# Rows per round trip: without it PostgreSQL's driver holds a query's whole result in
+# the executor's memory (Spark's dialect turns autocommit off, so a cursor is used).
+FETCH_SIZE = "10000"
 LEDGER_COLUMNS = ("id", "msg_id", "topic", "status", "created_at", "sent_at", "attempts", "receipt",
                   "deliver_at")  # fmt: skip
 
@@ -37,7 +43,8 @@ def jdbc_url(sqlalchemy_url: str) -> tuple[str, dict[str, str]]:
     url = urlsplit(sqlalchemy_url)
     if not is_postgres(sqlalchemy_url):
         raise ValueError(f"a JDBC ledger read needs PostgreSQL, not {url.scheme}")
-    props = {"user": unquote(url.username or "postgres"), "driver": "org.postgresql.Driver"}
+    props = {"user": unquote(url.username or "postgres"), "driver": "org.postgresql.Driver",
+             "fetchsize": FETCH_SIZE}  # fmt: skip
     if url.password:
         props["password"] = unquote(url.password)
     options = parse_qs(url.query).get("options", [""])[-1]
@@ -95,11 +102,17 @@ def id_bounds(spark: SparkSession, sqlalchemy_url: str, window: Window | None) -
     return (int(row["lo"]), int(row["hi"])) if row and row["lo"] is not None else (0, 0)
 
 
+def id_ranges(lo: int, hi: int) -> int:
+    """How many id ranges (read tasks) for ids ``lo``..``hi``: about a million rows each."""
+    return max(8, (hi - lo) // ROWS_PER_PARTITION + 1)
+
+
 def read_ledger_jdbc(
-    spark: SparkSession, sqlalchemy_url: str, window: Window | None = None, partitions: int = 8
+    spark: SparkSession, sqlalchemy_url: str, window: Window | None = None
 ) -> DataFrame:
     url, props = jdbc_url(sqlalchemy_url)
     lo, hi = id_bounds(spark, sqlalchemy_url, window)
+    partitions = id_ranges(lo, hi)
     columns = ", ".join(["id", "msg_id::text AS msg_id", *LEDGER_COLUMNS[2:]])
     query = f"(SELECT {columns} FROM outbox_message{window_sql(window, lo)}) AS ledger"
     frame = spark.read.jdbc(
@@ -226,6 +239,6 @@ def outside_span_jdbc(spark: SparkSession, sqlalchemy_url: str, window: Window) 
     lowest, highest = id_bounds(spark, sqlalchemy_url, None)
     frame = spark.read.jdbc(
         url, query, column="id", lowerBound=lowest, upperBound=highest + 1,
-        numPartitions=8, properties=props,
+        numPartitions=id_ranges(lowest, highest), properties=props,
     )  # fmt: skip
     return frame.select("msg_id")
