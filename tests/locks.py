@@ -3,6 +3,7 @@ needs one statement blocked behind another waits until the server says so, not a
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,14 +26,23 @@ def session_id(conn: Session | Connection) -> int:
 def waits_on_lock(engine: Engine, session: int) -> bool:
     """True while the session ``session`` waits for a row or transaction lock."""
     with engine.connect() as conn:
-        if engine.dialect.name == "postgresql":
-            sql = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :id"
-        else:
-            sql = (
-                "SELECT trx_state = 'LOCK WAIT' FROM information_schema.INNODB_TRX"
-                " WHERE trx_mysql_thread_id = :id"
-            )
+        if engine.dialect.name != "postgresql":
+            return session in innodb_lock_waits(conn)
+        sql = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :id"
         return bool(conn.execute(text(sql), {"id": session}).scalar())
+
+
+def innodb_lock_waits(conn: Connection) -> set[int]:
+    """MariaDB's sessions waiting for a lock, from SHOW ENGINE INNODB STATUS (made afresh
+    for each call). Not INFORMATION_SCHEMA.INNODB_TRX: a cache InnoDB refreshes only after
+    0.1 s without a reader, which two test workers polling it may never leave it."""
+    status = str(conn.execute(text("SHOW ENGINE INNODB STATUS")).one()[2])
+    waiting = set()
+    for block in status.split("---TRANSACTION ")[1:]:
+        thread = re.search(r"thread id (\d+),", block)
+        if thread and "LOCK WAIT" in block:
+            waiting.add(int(thread[1]))
+    return waiting
 
 
 @contextmanager

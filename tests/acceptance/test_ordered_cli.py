@@ -33,6 +33,7 @@ from tests.integration.test_ordered_sweeper import (
     sequences,
     sweep_until,
 )
+from tests.locks import innodb_lock_waits
 from tests.planting import plant
 
 
@@ -220,15 +221,15 @@ def test_skip_of_a_pending_message_warns_it_may_be_on_its_way(any_db: str, engin
 
 def lock_waits(engine: Engine, name: str) -> int:
     """Statements of the database session called ``name`` waiting for a row lock."""
-    if engine.dialect.name == "postgresql":
-        query = ("SELECT count(*) FROM pg_stat_activity WHERE application_name = :name "
-                 "AND wait_event_type = 'Lock'")  # fmt: skip
-    else:  # MariaDB: the session's database is its own (the fixture's)
-        query = ("SELECT count(*) FROM information_schema.INNODB_TRX x JOIN "
-                 "information_schema.PROCESSLIST p ON x.trx_mysql_thread_id = p.ID "
-                 "WHERE p.DB = :name AND x.trx_state = 'LOCK WAIT'")  # fmt: skip
     with engine.connect() as conn:
-        return int(conn.execute(text(query), {"name": name}).scalar_one())
+        if engine.dialect.name == "postgresql":
+            query = ("SELECT count(*) FROM pg_stat_activity WHERE application_name = :name "
+                     "AND wait_event_type = 'Lock'")  # fmt: skip
+            return int(conn.execute(text(query), {"name": name}).scalar_one())
+        # MariaDB: the session's database is its own (the fixture's)
+        query = "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = :name"
+        sessions = set(conn.execute(text(query), {"name": name}).scalars())
+        return len(sessions & innodb_lock_waits(conn))
 
 
 @pytest.mark.parametrize("sweeper_ends", ["sent", "rolled back"])
@@ -254,7 +255,6 @@ def test_skip_waits_for_a_sweeper_holding_the_row(
             )
             try:
                 waiting = lambda: skip.poll() is not None or lock_waits(engine, name) > 0  # noqa: E731
-                # InnoDB refreshes INNODB_TRX only when it was not read for 0.1 s.
                 wait_until(waiting, 40, "skip waiting for the row", every=0.2)
                 assert skip.poll() is None, skip.communicate()
                 if sweeper_ends == "sent":  # published and acked meanwhile
