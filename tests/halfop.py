@@ -1,10 +1,13 @@
-"""What model B's tests share: the answers, quick coordinator settings, a started producer."""
+"""What model B's tests share: the answers, quick coordinator settings, a started producer
+and coordinator."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from relay.halfop import (
+    Coordinator,
     CoordinatorSettings,
     LocalTransactionState,
     TransactionListener,
@@ -31,3 +34,11 @@ def producer(
     p.start()
     started.append(p)
     return p
+
+
+def running_coordinator(url: str, settings: CoordinatorSettings) -> Iterator[Coordinator]:
+    """A started coordinator, stopped when the fixture that yields from this ends."""
+    c = Coordinator(url, settings)
+    c.start()
+    yield c
+    c.stop()

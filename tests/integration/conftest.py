@@ -9,7 +9,7 @@ import pytest
 from relay.brokers.nats import create_stream
 from relay.halfop import Coordinator, TransactionProducer
 from relay.testing.embedded import NatsServer
-from tests.halfop import QUICK
+from tests.halfop import QUICK, running_coordinator
 
 
 @pytest.fixture
@@ -22,10 +22,7 @@ def real_stream(nats_server: NatsServer, stream: tuple[str, str]) -> tuple[str, 
 
 @pytest.fixture
 def coordinator(nats_server: NatsServer) -> Iterator[Coordinator]:
-    c = Coordinator(nats_server.url, QUICK)
-    c.start()
-    yield c
-    c.stop()
+    yield from running_coordinator(nats_server.url, QUICK)
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ from relay.halfop.protocol import (
     half_headers,
 )
 from relay.testing.embedded import NatsServer
-from tests.halfop import COMMIT, UNKNOW, producer
+from tests.halfop import COMMIT, UNKNOW, producer, running_coordinator
 from tests.helpers import wait_until
 from tests.integration.test_halfop import Scripted, count, real_ids
 
@@ -47,10 +47,7 @@ MANUAL = CoordinatorSettings(check_interval_s=3600, transaction_timeout_s=0.3, c
 
 @pytest.fixture
 def manual(nats_server: NatsServer) -> Iterator[Coordinator]:
-    c = Coordinator(nats_server.url, MANUAL)
-    c.start()
-    yield c
-    c.stop()
+    yield from running_coordinator(nats_server.url, MANUAL)
 
 
 def old_enough(born_ms: int, seconds: float = 0.4) -> None:
