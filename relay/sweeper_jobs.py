@@ -33,7 +33,8 @@ class SkippedRuns(logging.Filter):
         return "maximum number of running instances" not in record.getMessage()
 
 
-scheduler_log = logging.getLogger("relay.sweeper_jobs.scheduler")
+# Under "apscheduler": the CLI quiets that tree to WARNING, as the default logger was.
+scheduler_log = logging.getLogger("apscheduler.scheduler.sweeper")
 scheduler_log.addFilter(SkippedRuns())
 
 
