@@ -73,6 +73,7 @@
       .catch(function (error) { document.getElementById("updated").textContent = "update failed (" + error.message + "), retrying"; });
   }
 
-  refresh();
-  window.setInterval(refresh, EVERY_MS);
+  // The next poll only after this one: a slow answer never piles requests up.
+  function loop() { refresh().finally(function () { window.setTimeout(loop, EVERY_MS); }); }
+  loop();
 })();
