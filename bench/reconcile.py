@@ -208,8 +208,7 @@ def spark_run(
     cluster_pids: Callable[[], list[int]] = list,
 ) -> Run:
     """One spark-submit of the job on ``master``; its output goes to data/out-MODE.log."""
-    import pyspark
-
+    from relay.testing.spark_cluster import spark_home
     from spark_jobs.session import log_options
 
     window = expected["window"]
@@ -226,7 +225,7 @@ def spark_run(
     cmd += ["--ledger", str(data / "ledger"), "--broker-log", str(data / "broker")]
     cmd += ["--start", window["start"], "--end", window["end"]]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    env["SPARK_HOME"] = str(Path(pyspark.__file__).parent)
+    env["SPARK_HOME"] = str(spark_home())
     log = data / f"out-{name}.log"
     print(f"{mode}: running (its steps in {log})", flush=True)
     with log.open("w") as err:

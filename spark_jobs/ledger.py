@@ -205,7 +205,7 @@ def committed_outside(
         if candidates.isEmpty():
             return None
         ledger = read_parquet(spark, source).select("msg_id")
-        return ledger.join(candidates, "msg_id", "left_semi").distinct()
+        return ledger.join(candidates, "msg_id", "left_semi")  # the caller's anti join: no distinct
     ids = [row["msg_id"] for row in candidates.limit(LOOKUP_CAP + 1).collect()]
     if not ids:
         return None

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -119,11 +118,8 @@ class SparkCluster:
         try:
             with urllib.request.urlopen(f"{self.web_url}/json", timeout=2) as answer:
                 return dict(json.load(answer))
-        except (OSError, ValueError, urllib.error.URLError):
+        except (OSError, ValueError):  # URLError is an OSError
             return {}
-
-    def master_state(self) -> str | None:
-        return self.state().get("status")
 
     def alive_workers(self) -> int:
         """How many workers the master lists ALIVE."""
@@ -158,7 +154,6 @@ class SparkCluster:
             SPARK_HOME=str(spark_home()),
             SPARK_CONF_DIR=str(self.root / "conf"),
             SPARK_LOG_DIR=str(self.log_dir),
-            SPARK_WORKER_DIR=str(self.root / "work"),
             SPARK_LOCAL_IP="127.0.0.1",
             SPARK_DAEMON_MEMORY=self.daemon_memory,
             # the REST submission server listens on a fixed port (6066): two clusters clash
