@@ -14,10 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 CHROMIUM = "/usr/bin/chromium"
 VIEWPORT = {"width": 1280, "height": 800}
+# Playwright's defaults (5 s for expect, 30 s for actions) are for an idle machine; the
+# suite shares two cores with Spark and brokers.
+BUSY_MACHINE_MS = 60_000
+expect.set_options(timeout=30_000)
 
 # Playwright's event loop. Its sync API marks that loop as the thread's running loop
 # between calls, and the suite's other tests call asyncio.run(), which refuses to start
@@ -58,6 +62,7 @@ def _playwright_loop(request: pytest.FixtureRequest) -> Iterator[None]:
 def page(browser: Browser) -> Iterator[Page]:
     """A page of a fresh context (no cookies or storage shared), 1280x800."""
     context = browser.new_context(viewport=VIEWPORT)  # type: ignore[arg-type]
+    context.set_default_timeout(BUSY_MACHINE_MS)
     try:
         yield context.new_page()
     finally:

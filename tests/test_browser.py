@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from playwright.sync_api import Page
 
 from tests.browser import screenshot
@@ -24,8 +25,11 @@ def test_a_local_page_runs_its_script_at_1280_px(page: Page, tmp_path: Path) -> 
     assert screenshot(page, tmp_path, "page").stat().st_size > 0
 
 
-def test_asyncio_runs_after_a_browser_test() -> None:
-    """The suite's async tests call asyncio.run(): Playwright's loop is not left running."""
+def test_asyncio_runs_after_a_browser_test(request: pytest.FixtureRequest) -> None:
+    """The suite's async tests call asyncio.run(): Playwright's loop is not left running.
+    The browser is asked for here, not as a parameter: this xdist worker has started it
+    whatever ran before, and the test runs as one that does not use it."""
+    request.getfixturevalue("browser")
 
     async def answer() -> int:
         await asyncio.sleep(0)

@@ -218,7 +218,7 @@ def test_overview_on_sqlite(sqlite_url: str) -> None:
     assert (topics["a"]["pending"], topics["a"]["sent_1h"], topics["b"]["dead"]) == (3, 2, 1)
     assert sum(data["charts"]["throughput"]["data"][0]["y"]) == 2
     p50 = [v for v in data["charts"]["latency"]["data"][0]["y"] if v is not None]
-    assert p50 == [0.0]  # sent as created: no latency, in one minute
+    assert p50 and set(p50) == {0.0}  # sent as created: no latency (one minute, or two)
 
 
 def test_dead_letters_page_by_keyset_newest_first(seeded: Seeded, reader: TestClient) -> None:
