@@ -201,17 +201,28 @@ def committed_outside(
     """The msg_ids among ``candidates`` (a ``msg_id`` column) that have a ledger row outside
     the window's span: deliveries of commits before it (or long after), which the whole
     ledger would have matched. None when there is no candidate (nothing read then)."""
-    if not is_postgres(source):  # the whole export's msg_id column, joined on the executors
-        if candidates.isEmpty():
+    if not is_postgres(source):  # the export's rows outside the span, joined on the executors
+        count = candidates.count()
+        if not count:
             return None
-        ledger = read_parquet(spark, source).select("msg_id")
-        return ledger.join(candidates, "msg_id", "left_semi")  # the caller's anti join: no distinct
+        ledger = outside_span(read_parquet(spark, source), window).select("msg_id")
+        # few candidates (the usual night) are broadcast: the ledger's msg_ids stay put
+        wanted = F.broadcast(candidates) if count <= LOOKUP_CAP else candidates
+        return ledger.join(wanted, "msg_id", "left_semi")  # the caller's anti join: no distinct
     ids = [row["msg_id"] for row in candidates.limit(LOOKUP_CAP + 1).collect()]
     if not ids:
         return None
     if len(ids) > LOOKUP_CAP:
         return outside_span_jdbc(spark, source, window).join(candidates, "msg_id", "left_semi")
     return by_msg_id_jdbc(spark, source, ids)
+
+
+def outside_span(ledger: DataFrame, window: Window) -> DataFrame:
+    """The Parquet ledger's rows not created in the window's span (a row created in it was
+    read with the window). Parquet's row-group statistics skip the span's row groups."""
+    lo, hi = window.ledger_from, window.ledger_until
+    created = F.col("created_at")
+    return ledger.where(created.isNull() | (created < F.lit(lo)) | (created >= F.lit(hi)))
 
 
 def by_msg_id_jdbc(spark: SparkSession, sqlalchemy_url: str, ids: list[str]) -> DataFrame | None:

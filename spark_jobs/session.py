@@ -21,11 +21,15 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
-BYTES_PER_PARTITION = 32 * 1024 * 1024  # of Parquet input: several times that in a shuffle
+# Of Parquet input (several times that in a shuffle): small enough that a task's share of
+# the join sorts in memory with a 512 MiB driver in local mode (at 32 MiB, 10M x 10M
+# spilled and spent a third of its time collecting garbage).
+BYTES_PER_PARTITION = 8 * 1024 * 1024
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 ADAPTIVE = {
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    "spark.sql.adaptive.advisoryPartitionSizeInBytes": str(BYTES_PER_PARTITION),  # not 64 MiB
     # The classification is cached: let adaptive execution size its shuffle too.
     "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
 }
@@ -57,7 +61,29 @@ def started(made: SparkSession.Builder, verbose: bool = False) -> SparkSession:
     spark = made.getOrCreate()
     if not verbose:
         spark.sparkContext.setLogLevel("OFF")
+        without_sketch_warning(spark)
     return spark
+
+
+# DataSketches (the KLL sketches of the latency percentiles) prints a warning to the JVM's
+# stderr, not to a log, when this class first loads under Java > 11.
+SKETCH_MEMORY = "org.apache.datasketches.memory.internal.ResourceImpl"
+
+
+def without_sketch_warning(spark: SparkSession) -> None:
+    """Loads DataSketches' memory class in the driver's JVM with its stderr muted, so the
+    warning is never printed there (nor by local mode's tasks, which share that JVM; a
+    cluster's executors print it to their own logs)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    system = jvm.java.lang.System
+    stderr = system.err
+    system.setErr(jvm.java.io.PrintStream(jvm.java.io.OutputStream.nullOutputStream()))
+    try:
+        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        jvm.java.lang.Class.forName(SKETCH_MEMORY, True, loader)
+    finally:
+        system.setErr(stderr)
 
 
 def size_shuffles(spark: SparkSession, input_bytes: int | None) -> None:

@@ -57,6 +57,9 @@ def test_reconcile_prints_its_steps_with_counts_and_nothing_of_spark(
     done = reconcile(night, tmp_path / "out", "--master", "local[1]")
     assert done.returncode == 3, done.stderr  # one lost, one phantom
     assert noise(done) == [], done.stderr
+    # nor anything else: a library's own print to the JVM's stderr (DataSketches' warning)
+    others = [line for line in done.stderr.splitlines() if not STEP.match(line)]
+    assert [line for line in others if not line.startswith(JVM_NOTICE)] == [], done.stderr
     steps = [m[1] for line in done.stderr.splitlines() if (m := STEP.match(line))]
     assert steps == [
         "starting Spark",
