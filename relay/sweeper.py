@@ -180,6 +180,7 @@ class Sweeper:
         rows = store.claim(conn, claim)
         if rows and cursor is not None:
             cursor.advance(max(row.id for row in rows))  # not the followers': see Cursor
+            rows = cursor.not_failed(rows)
         return rows + store.followers(conn, rows, cutoff, limit - len(rows), limit)
 
     def _cut_short(self, why: str, held: int) -> None:
@@ -410,6 +411,13 @@ class Cursor:
     def failed_ids(self) -> list[int]:
         with self._lock:
             return list(self.failed)
+
+    def not_failed(self, rows: list[store.Claimed]) -> list[store.Claimed]:
+        """``rows`` less those that failed in this pass, asked again once they are locked:
+        a sweep that failed one may have committed after the claim's statement was built
+        (its failure is recorded before its commit, so it is seen here)."""
+        with self._lock:
+            return [row for row in rows if row.id not in self.failed]
 
 
 class _Published(NamedTuple):

@@ -20,7 +20,7 @@ from outbox.settings import Settings
 from relay import store
 from relay.brokers.base import NOT_CONNECTED
 from relay.loop import BrokerLoop
-from relay.sweeper import Sweeper
+from relay.sweeper import Cursor, Sweeper
 from relay.testing.faults import kill_app_after_commit
 from relay.testing.memory import MemoryBroker
 from tests.helpers import migrated, running
@@ -273,6 +273,31 @@ def test_rolled_back_transactions_between_a_keys_messages_leave_no_gap(
         sweeper = Sweeper(engine, running(broker, loops), quick(sweep_batch=3))
         sweep_until(sweeper, lambda: statuses(engine) == Counter({"sent": 16}))
         assert_in_order(broker.published, 2, 8)
+
+
+def test_a_head_failed_by_another_sweep_after_the_claim_was_built_is_not_tried_again(
+    engine: Engine, loops: list[BrokerLoop], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race a busy machine hit in a drain of two sweeps: one builds its claim while
+    the other fails k0's head and commits, then the claim locks that head. It is dropped
+    once locked, with no follower of its key, so the head spends one attempt per pass."""
+    send_ordered(engine, keys=2, per_key=2)
+    with engine.connect() as conn:
+        head = conn.execute(select(t.c.id).where(t.c.key == "k0", t.c.seq == 1)).scalar_one()
+    broker = MemoryBroker()
+    sweeper = Sweeper(engine, running(broker, loops), QUICK)
+    claim = store.claim
+
+    def failed_meanwhile(conn: object, stmt: object) -> list[store.Claimed]:
+        rows = claim(conn, stmt)  # type: ignore[arg-type]
+        cursor.failed_ordered([head])  # the other sweep's failure, recorded before its commit
+        return rows
+
+    cursor = Cursor()
+    monkeypatch.setattr(store, "claim", failed_meanwhile)
+    with engine.begin() as conn:
+        rows = sweeper._claim(conn, 0, False, cursor)
+    assert sorted((r.key, r.seq) for r in rows) == [("k1", 1), ("k1", 2)]
 
 
 def test_a_drain_delivers_every_key_in_order_and_tries_a_failing_head_once(
