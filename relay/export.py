@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from sqlalchemy import Engine, Select, func, select
+from sqlalchemy import Engine, Select, and_, func, or_, select, true
 
 from outbox.broker import LogEntry, LogReader
 from outbox.engines import engine_from
@@ -63,20 +63,42 @@ def export_ledger(
     added: Added = nothing,
     by_day: bool = False,
 ) -> int:
-    """Write outbox_message rows (created in [since, until)) to ``out``: a .parquet file,
-    or with ``by_day`` a folder of ``day=YYYY-MM-DD/`` partitions."""
+    """Write outbox_message rows to ``out``: a .parquet file of the rows created in
+    [since, until) and of those due in it (scheduled earlier: the night's reconciliation
+    must find them), or with ``by_day`` a folder of ``day=YYYY-MM-DD/`` partitions of
+    the rows created in it (a row due in it lives in its own day's folder)."""
     columns = [t.c[name] for name in LEDGER.names]
-    query = windowed(select(*columns).order_by(t.c.id), t.c.created_at, since, until)
+    query = select(*columns).where(ledger_rows(since, until, by_day)).order_by(t.c.id)
     return export_rows(db, query, out, LEDGER, added, by_day)
 
 
 def ledger_count(
-    db: str | Engine, since: datetime | None = None, until: datetime | None = None
+    db: str | Engine,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    by_day: bool = False,
 ) -> int:
     """How many rows ``export_ledger`` will write (the progress bar's total)."""
-    query = windowed(select(func.count()).select_from(t), t.c.created_at, since, until)
+    query = select(func.count()).select_from(t).where(ledger_rows(since, until, by_day))
     with engine_from(db).connect() as conn:
         return int(conn.execute(query).scalar_one())
+
+
+def ledger_rows(since: datetime | None, until: datetime | None, by_day: bool) -> Any:
+    """The ledger rows an export of [since, until) holds (see ``export_ledger``)."""
+    created = in_range(t.c.created_at, since, until)
+    if by_day or (since is None and until is None):
+        return created
+    return or_(created, in_range(t.c.deliver_at, since, until))
+
+
+def in_range(column: Any, since: datetime | None, until: datetime | None) -> Any:
+    """``column`` in [since, until); either end may be open."""
+    return and_(
+        true(),
+        *([column >= since] if since is not None else []),
+        *([column < until] if until is not None else []),
+    )
 
 
 def export_records(
@@ -97,11 +119,7 @@ def export_records(
 def windowed(
     query: Select[Any], column: Any, since: datetime | None, until: datetime | None
 ) -> Select[Any]:
-    if since is not None:
-        query = query.where(column >= since)
-    if until is not None:
-        query = query.where(column < until)
-    return query
+    return query.where(in_range(column, since, until))
 
 
 def export_rows(

@@ -46,7 +46,12 @@ def add_export(commands: Commands) -> None:
         "--queue",
         help="audit stream queue to read, the relay's ?audit=QUEUE (amqp:// broker export)",
     )
-    exp.add_argument("--since", type=iso_time, help="ISO 8601 start (default: the beginning)")
+    exp.add_argument(
+        "--since",
+        type=iso_time,
+        help="ISO 8601 start (default: the beginning); a ledger export holds the rows created "
+        "from then, and, but --by-day, the rows due from then (scheduled earlier)",
+    )
     exp.add_argument("--until", type=iso_time, help="ISO 8601 end (default: now)")
     exp.add_argument("--out", required=True, help="Parquet file to write")
     exp.add_argument(
@@ -83,7 +88,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise OutboxError(f"--out {args.out}: {problem}")
     if args.what == "ledger":
         db = required(args.db, "--db", "a ledger export (or set OUTBOX_DB)")
-        total = export.ledger_count(db, args.since, args.until)
+        total = export.ledger_count(db, args.since, args.until, args.by_day)
         with counting("export ledger", total) as shown:
             count = export.export_ledger(
                 db, args.out, args.since, args.until, shown.add, args.by_day

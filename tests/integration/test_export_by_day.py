@@ -109,3 +109,29 @@ def test_an_interrupted_swap_is_undone_by_the_next_export(db: str, tmp_path: Pat
     until = DAY.isoformat()  # an export of nothing: it tidies up only
     assert export_days(db, out, "--until", until) == 0
     assert days_in(out) == {"day=2025-03-01": 3}
+
+
+def test_a_flat_since_export_holds_the_rows_scheduled_into_it_and_by_day_does_not(
+    db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A message committed days before the night and due in it: the night's flat export
+    has its ledger row (else its delivery would read as a phantom); an export by day keeps
+    it in its own day's folder only. The progress total counts the same rows."""
+    add_rows(db, 0, 1)
+    add_rows(db, 5, 2)
+    early = {"msg_id": uuid.uuid4(), "topic": "t", "payload": b"{}", "status": "pending",
+             "created_at": DAY, "deliver_at": DAY + timedelta(days=5, hours=3)}  # fmt: skip
+    engine = engine_from(db)
+    with engine.begin() as conn:
+        conn.execute(insert(outbox_message), [early])
+    engine.dispose()
+    night = (DAY + timedelta(days=5)).isoformat()
+    flat = tmp_path / "night.parquet"
+    assert main(["export", "ledger", "--db", db, "--out", str(flat), "--since", night]) == 0
+    ids = set(pq.read_table(flat).column("msg_id").to_pylist())
+    assert len(ids) == 3 and str(early["msg_id"]) in ids
+    assert export.ledger_count(db, DAY + timedelta(days=5)) == 3
+    capsys.readouterr()
+    assert export_days(db, tmp_path / "days", "--since", night) == 0
+    assert days_in(tmp_path / "days") == {"day=2025-03-06": 2}
+    assert export.ledger_count(db, DAY + timedelta(days=5), by_day=True) == 2
