@@ -156,14 +156,15 @@ def drain_the_rest(
 
 
 @contextmanager
-def frozen_mid_publish(server: NatsServer) -> Iterator[None]:
+def frozen_mid_publish(server: NatsServer, db: Engine) -> Iterator[None]:
     """The nats-server stopped (SIGSTOP) with a publish sent to it and unanswered: bytes
     wait in its socket. The sweep that sent them waits for acks (the sweeper's publish
     timeout, 10 s, with the URL's ``timeout`` longer) and cannot finish its batch.
 
-    A stop can land after the server read a whole batch and before the drain sends the
-    next: no bytes would ever wait then. So the server runs on and is stopped again until
-    some do."""
+    A stop can land after the server read a whole batch and before it acked it: the drain
+    then waits for acks and sends nothing. So the server runs on until the drain has marked
+    another batch (stopped again at once, a busy machine might not run it in between, and
+    every stop would find the same wait), and is stopped again until bytes do wait."""
     assert server.proc is not None
     deadline = time.monotonic() + 60
     try:
@@ -171,7 +172,9 @@ def frozen_mid_publish(server: NatsServer) -> Iterator[None]:
             server.proc.send_signal(signal.SIGSTOP)
             if came_within(lambda: unread_bytes(server.port) > 0, 2.0):
                 break
+            marked = sent_count(db)
             server.proc.send_signal(signal.SIGCONT)
+            came_within(lambda n=marked: sent_count(db) > n, 10.0)
             assert time.monotonic() < deadline, "no publish waited at the frozen broker in 60 s"
         yield
     finally:
@@ -240,7 +243,7 @@ def test_past_the_stop_timeout_a_drain_leaves_its_batches_pending(
     cmd = Command(tmp_path, "drain", "--db", pg_url, "--broker", f"{broker}&timeout=60",
                   "--stop-timeout", "2")  # fmt: skip
     cmd.wait_for(lambda: sent_count(db) > 0, "the drain's first batch marked sent")
-    with frozen_mid_publish(nats_server):
+    with frozen_mid_publish(nats_server, db):
         took = cmd.stop_with(signal.SIGTERM, 2 + MARGIN)
     assert cmd.proc.returncode == 143, cmd.stderr()[-2000:]
     assert "Traceback" not in cmd.stderr(), cmd.stderr()[-2000:]
@@ -270,7 +273,7 @@ def test_a_second_signal_exits_at_once(
     cmd = Command(tmp_path, "drain", "--db", pg_url, "--broker", f"{broker}&timeout=60",
                   "--stop-timeout", "120")  # fmt: skip
     cmd.wait_for(lambda: sent_count(db) > 0, "the drain's first batch marked sent")
-    with frozen_mid_publish(nats_server):
+    with frozen_mid_publish(nats_server, db):
         cmd.proc.send_signal(signal.SIGINT)
         cmd.wait_for(lambda: "SIGINT: stopping" in cmd.stderr(), "the first SIGINT taken")
         took = cmd.stop_with(signal.SIGINT, MARGIN)
