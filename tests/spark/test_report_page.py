@@ -68,6 +68,25 @@ def test_discrepancies_csv_lists_every_finding(night: Path) -> None:
         "2026-03-01 00:06:40.000Z", "sent", "2", "0")  # fmt: skip
 
 
+def test_discrepancies_csv_never_starts_a_cell_with_a_formula(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A phantom's msg_id and topic come from the broker: =, +, -, @ (or a tab) first would
+    be run by a spreadsheet opening the CSV. They get a leading apostrophe there only."""
+    from spark_jobs.reconciliation import write_csv
+
+    hostile = ['=HYPERLINK("http://evil.example","x")', "+1+cmd", "-2", "@SUM(A1)", "\tx"]
+    rows = [{"kind": "phantom", "msg_id": v, "topic": v, "details": "no ledger row"}
+            for v in [*hostile, "ok-1", "a=b"]]  # fmt: skip
+    spark.createDataFrame(rows).write.parquet(str(tmp_path / "found"))
+    write_csv(spark, tmp_path / "found", tmp_path / "found.csv")
+    with (tmp_path / "found.csv").open(newline="") as f:
+        cells = {r["msg_id"]: r["topic"] for r in csv.DictReader(f)}
+    assert cells == {**{f"'{v}": f"'{v}" for v in hostile}, "ok-1": "ok-1", "a=b": "a=b"}
+    kept = spark.read.parquet(str(tmp_path / "found")).select("msg_id").collect()
+    assert {r["msg_id"] for r in kept} == {*hostile, "ok-1", "a=b"}
+
+
 def test_report_in_a_browser(night: Path, page: Page, tmp_path: Path) -> None:
     page.goto((night / "report.html").as_uri())
     screenshot(page, tmp_path, "report")
