@@ -20,6 +20,10 @@ from spark_jobs import ordering
 from spark_jobs.window import Window
 
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 60000)
+# The latency sketches' size: the percentiles' rank error is about 0.07% (KLL's bound),
+# near enough to the 0.01% of percentile_approx's default, at a fraction of its cost.
+KLL_K = 4000
+PERCENTILES = (("latency_p50_ms", 0.5), ("latency_p90_ms", 0.9), ("latency_p99_ms", 0.99))
 KINDS = ("delivered", "pending", "stuck", "scheduled", "lost", "dead", "skipped", "canceled",
          "phantom", "malformed")  # fmt: skip
 FOUND = ("lost", "stuck", "phantom", "dead", "skipped", "malformed")  # kinds discrepancies/ lists
@@ -139,10 +143,10 @@ def without_earlier_commits(
     if not count:
         found.unpersist()
         return classified
-    # A few (the usual case) are broadcast, so the classification is not shuffled again.
     # left_anti: a row with a null msg_id (malformed, the null phantom) matches nothing.
-    return classified.join(F.broadcast(found) if count <= LOOKUP_CAP else found, "msg_id",
-                           "left_anti")  # fmt: skip
+    if count <= LOOKUP_CAP:  # the usual case: broadcast, the classification stays put
+        return classified.join(F.broadcast(found), "msg_id", "left_anti")
+    return classified.join(found, "msg_id", "left_anti").cache()  # a shuffle: done once
 
 
 def with_ledger_columns(ledger: DataFrame) -> DataFrame:
@@ -221,8 +225,8 @@ def summarise(classified: DataFrame) -> dict[str, Any]:
     names = [c for c in per_topic.columns if c not in ("topic", "sketch")]
     topics = per_topic.select("topic", *names, *quantiles(F.col("sketch"))).collect()
     summed = [(F.max if n == "latency_max_ms" else F.sum)(n).alias(n) for n in names]
-    total = per_topic.agg(*summed, *quantiles(F.kll_merge_agg_double("sketch", F.lit(KLL_K))))
-    totals = total.collect()
+    merged = F.kll_merge_agg_double("sketch", F.lit(KLL_K))
+    totals = per_topic.agg(*summed, *quantiles(merged)).collect()
     per_topic.unpersist()
     if not topics:  # no message at all (an empty range): zeros, not nulls
         summary: dict[str, Any] = {"topics": {}, "total": empty_total()}
@@ -235,12 +239,6 @@ def summarise(classified: DataFrame) -> dict[str, Any]:
         summary["topics"][topic] = summary_row(data)[0]
     summary["total"], summary["latency_histogram"] = summary_row(totals[0].asDict())
     return summary
-
-
-# The latency sketches' size: the percentiles' rank error is about 0.07% (KLL's bound),
-# near enough to the 0.01% of percentile_approx's default, at a fraction of its cost.
-KLL_K = 4000
-PERCENTILES = (("latency_p50_ms", 0.5), ("latency_p90_ms", 0.9), ("latency_p99_ms", 0.99))
 
 
 def quantiles(sketch: Column) -> list[Column]:

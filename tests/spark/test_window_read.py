@@ -128,6 +128,24 @@ def test_windowed_reads_give_the_whole_ledgers_summary(
         assert without_window(summary) == whole, name
 
 
+def test_past_the_lookup_cap_the_results_are_the_same(
+    spark: SparkSession,
+    year: str,
+    exports: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Many phantom candidates: no broadcast, the found ones dropped by a shuffled join."""
+    from spark_jobs import ledger
+
+    broker = exports["broker"]
+    whole = summarise(classify(read_ledger(spark, year), spark.read.parquet(broker), WINDOW))
+    monkeypatch.setattr(ledger, "LOOKUP_CAP", 0)
+    for name, source in (("jdbc", year), ("flat", exports["flat"])):
+        summary = reconcile(spark, source, broker, tmp_path / name, WINDOW)
+        assert without_window(summary) == whole, name
+
+
 def test_an_empty_by_day_export_reconciles_to_zeros(
     spark: SparkSession, year: str, tmp_path: Path
 ) -> None:
