@@ -110,16 +110,9 @@ def export_records(
 ) -> int:
     """Model B: SqlTransactionListener's records (the committed transactions) to ``out``."""
     columns = [transaction_record.c[name] for name in RECORDS.names]
-    query = select(*columns).order_by(transaction_record.c.created_at)
-    return export_rows(
-        db, windowed(query, transaction_record.c.created_at, since, until), out, RECORDS, added
-    )
-
-
-def windowed(
-    query: Select[Any], column: Any, since: datetime | None, until: datetime | None
-) -> Select[Any]:
-    return query.where(in_range(column, since, until))
+    created = in_range(transaction_record.c.created_at, since, until)
+    query = select(*columns).where(created).order_by(transaction_record.c.created_at)
+    return export_rows(db, query, out, RECORDS, added)
 
 
 def export_rows(

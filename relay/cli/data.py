@@ -50,7 +50,7 @@ def add_export(commands: Commands) -> None:
         "--since",
         type=iso_time,
         help="ISO 8601 start (default: the beginning); a ledger export holds the rows created "
-        "from then, and, but --by-day, the rows due from then (scheduled earlier)",
+        "from then and, unless --by-day, the rows due from then (scheduled earlier)",
     )
     exp.add_argument("--until", type=iso_time, help="ISO 8601 end (default: now)")
     exp.add_argument("--out", required=True, help="Parquet file to write")
