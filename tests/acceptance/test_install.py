@@ -33,7 +33,7 @@ PROBE = Path(__file__).with_name("install_probe.py")
 EXTRAS = set(
     tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 )
-CHECKOUT_ONLY = {"dev", "bench", "peers", "demo"}  # the checkout's make targets, not for users
+CHECKOUT_ONLY = {"dev", "bench", "peers", "demo", "examples"}  # the checkout's, not users'
 USER_EXTRAS = EXTRAS - CHECKOUT_ONLY
 PIP_LINE = re.compile(r"outbox-relay\[([^\]]*)\]")
 INSTALL_TIMEOUT_S = 600  # a cold pip cache downloads pyspark (~300 MB)
