@@ -3,7 +3,7 @@
 Each field carries its default, its help text and the names it is given by:
 ``Outbox(field=...)``, the environment variable ``OUTBOX_<FIELD>`` and the flag
 ``--<field>`` of ``outbox relay`` / ``outbox drain`` (relay.cli.settings_flags builds
-the flags from these fields). One function, ``check``, validates a value whichever way
+the flags from these fields; ``start_relay``, the app's alone, has none). One function, ``check``, validates a value whichever way
 it came, with one error format: ``field (where it came from): rule, got value``.
 docs/configuration.md is the table of them (tests/unit/test_settings_doc.py keeps it so).
 """
@@ -28,11 +28,17 @@ Source = tuple[object, str]
 
 
 def option(
-    default: Any, help: str, *, flags: tuple[str, ...] = (), env: tuple[str, ...] = ()
+    default: Any,
+    help: str,
+    *,
+    flags: tuple[str, ...] = (),
+    env: tuple[str, ...] = (),
+    cli: bool = True,
 ) -> Any:
     """A Settings field: its default and help text, and older names it is also given by
-    (``flags``, ``env``), next to the ones derived from its name."""
-    return field(default=default, metadata={"help": help, "flags": flags, "env": env})
+    (``flags``, ``env``), next to the ones derived from its name. ``cli=False``: the app's
+    alone, not a flag of ``outbox relay`` / ``outbox drain``."""
+    return field(default=default, metadata={"help": help, "flags": flags, "env": env, "cli": cli})
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,9 @@ class Settings:
         flags=("--connect-timeout",),
         env=("OUTBOX_CONNECT_TIMEOUT",),
     )
+    # The app's switch (not a worker's flag): false keeps Outbox.start() from starting a
+    # relay where one is not wanted (CLI commands, task workers, tests), without code changes.
+    start_relay: bool = option(True, "Outbox.start() starts the in-process relay", cli=False)
     # Where each value came from, for error messages: field -> "OUTBOX_X", "--x", ...
     # (absent: "keyword"). Values from the environment or a command line are text.
     sources: InitVar[Mapping[str, str] | None] = None
@@ -122,6 +131,11 @@ def settings_from(*layers: Mapping[str, Source]) -> Settings:
 def env_names(f: Field[Any]) -> tuple[str, ...]:
     """``OUTBOX_<FIELD>`` first, then the older names (read when the first is unset)."""
     return (ENV_PREFIX + f.name.upper(), *f.metadata["env"])
+
+
+def has_flag(f: Field[Any]) -> bool:
+    """Whether ``outbox relay`` / ``outbox drain`` take the field as a flag."""
+    return bool(f.metadata["cli"])
 
 
 def flag_names(f: Field[Any]) -> tuple[str, ...]:

@@ -2,7 +2,7 @@
 
 A field's name, type, default and help text are written once, in outbox.settings; here
 they become ``--<field>`` flags (plus the older spellings the field lists, such as
-``--interval``). A flag holds text until ``settings_from_args`` hands it, with the
+``--interval``), but for the app's own fields (``start_relay``). A flag holds text until ``settings_from_args`` hands it, with the
 environment, to the one validation (outbox.settings.check). Precedence: flag, then the
 app's settings (``--app``), then ``OUTBOX_<FIELD>``, then the default.
 """
@@ -22,6 +22,7 @@ from outbox.settings import (
     env_names,
     environment,
     flag_names,
+    has_flag,
     problem,
     settings_from,
     type_of,
@@ -52,7 +53,7 @@ def add_settings_flags(parser: argparse.ArgumentParser, names: Iterable[str] | N
     group = settings_group(parser)
     wanted = None if names is None else set(names)
     for f in fields(Settings):
-        if f.name in offered or (wanted is not None and f.name not in wanted):
+        if not has_flag(f) or f.name in offered or (wanted is not None and f.name not in wanted):
             continue
         env = " or ".join(f"${name}" for name in env_names(f))
         group.add_argument(

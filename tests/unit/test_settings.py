@@ -14,7 +14,7 @@ import pytest
 
 from outbox import Outbox
 from outbox.errors import ConfigError
-from outbox.settings import Settings, env_names, environment_of, flag_names
+from outbox.settings import Settings, env_names, environment_of, flag_names, has_flag
 from relay.cli import build_parser, command_settings, main
 from relay.cli.app import use_app
 
@@ -119,7 +119,8 @@ def test_a_keyword_error_has_the_same_format() -> None:
 def test_relay_help_lists_a_flag_per_field() -> None:
     relay_help = build_parser()._subparsers._group_actions[0].choices["relay"].format_help()  # type: ignore[union-attr]
     for f in dataclasses.fields(Settings):
-        assert flag_names(f)[0] in relay_help, f.name
+        assert (flag_names(f)[0] in relay_help) == has_flag(f), f.name
+    assert "--start-relay" not in relay_help  # the app's switch, not a worker's
     assert "--interval" in relay_help and "--retention-days" in relay_help and "--app" in relay_help
 
 
