@@ -24,12 +24,19 @@ def session_id(conn: Session | Connection) -> int:
 
 
 def waits_on_lock(engine: Engine, session: int) -> bool:
-    """True while the session ``session`` waits for a row or transaction lock."""
+    """True while the session ``session`` waits for a row or transaction lock (or, on
+    MariaDB, a named lock: a dedup_key's, outbox.dedup_locks)."""
     with engine.connect() as conn:
         if engine.dialect.name != "postgresql":
-            return session in innodb_lock_waits(conn)
+            return session in innodb_lock_waits(conn) or waits_on_named_lock(conn, session)
         sql = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :id"
         return bool(conn.execute(text(sql), {"id": session}).scalar())
+
+
+def waits_on_named_lock(conn: Connection, session: int) -> bool:
+    """Whether MariaDB's session ``session`` waits in GET_LOCK (its state "User lock")."""
+    sql = "SELECT STATE FROM information_schema.PROCESSLIST WHERE ID = :id"
+    return conn.execute(text(sql), {"id": session}).scalar() == "User lock"
 
 
 def innodb_lock_waits(conn: Connection) -> set[int]:
