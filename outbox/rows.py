@@ -33,6 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from outbox.dedup_locks import lock_dedup_keys
 from outbox.errors import InvalidHeaders, InvalidPayload
 from outbox.message import Message, recheck
 from outbox.table import CANCELED, PENDING, db_now_plus, outbox_message, outbox_sequence, time_type
@@ -100,6 +101,7 @@ def write_scheduled(conn: Session | Connection, messages: Sequence[Message]) -> 
     values = [scheduled_values(m) for m in messages]
     dialect = _dialect(conn)
     if dialect in ("mysql", "mariadb"):
+        lock_dedup_keys(conn, messages)  # waiters of one key must not deadlock (InnoDB)
         statement = INSERT_SCHEDULED_MYSQL
     else:
         statement = INSERT_SCHEDULED_PG if dialect == "postgresql" else INSERT_SCHEDULED_SQLITE
