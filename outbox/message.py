@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -24,6 +23,7 @@ from outbox.errors import (
     InvalidTopic,
     PayloadTooLarge,
 )
+from outbox.payload import JsonDefault, encode_payload
 
 MAX_TEXT_BYTES = 255  # AMQP's routing key and header names are short strings of 255 bytes
 # JetStream refuses a header block over 65,535 bytes (a 16-bit length); RabbitMQ, which
@@ -111,8 +111,13 @@ def build_message(
     delay_level: object = None,
     dedup_key: object = None,
     max_payload_bytes: int,
+    json_default: JsonDefault | None = None,
 ) -> Message:
-    """Validate and encode one message; raises an ``InvalidMessage`` subclass on bad input."""
+    """Validate and encode one message; raises an ``InvalidMessage`` subclass on bad input.
+
+    ``json_default`` encodes the objects of a JSON payload that ``outbox.payload`` does
+    not (like ``json.dumps``' ``default``).
+    """
     topic, key, tags = check_topic(topic), check_key(key), check_tags(tags)
     ordered = check_ordered(ordered, key)
     schedule = check_schedule(delay, deliver_at, delay_level, dedup_key)
@@ -123,7 +128,7 @@ def build_message(
             "would hold back its key's later messages for the whole delay",
         )
     all_headers = check_headers(headers)
-    body, content_type = encode_payload(payload)
+    body, content_type = encode_payload(payload, json_default)
     if content_type and CONTENT_TYPE not in {name.lower() for name in all_headers}:
         all_headers[CONTENT_TYPE] = content_type
     msg_id = uuid7() if schedule.dedup_key is None else dedup_id(topic, schedule.dedup_key)
@@ -443,31 +448,6 @@ def _check_text_bytes(
             f"must be at most {MAX_TEXT_BYTES} bytes in UTF-8{' ' + how if how else ''}, "
             f"got {size}",
         )
-
-
-def encode_payload(payload: object) -> tuple[bytes, str | None]:
-    """bytes as they are, str as UTF-8, anything else as JSON; returns (body, content type)."""
-    if isinstance(payload, bytes | bytearray | memoryview):
-        try:
-            return bytes(payload), None
-        except (TypeError, ValueError) as exc:  # e.g. a released memoryview
-            raise InvalidPayload("payload", f"cannot be read as bytes: {exc}") from None
-    if isinstance(payload, str):
-        return _utf8(payload), "text/plain; charset=utf-8"
-    try:
-        text = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-    except RecursionError:
-        raise InvalidPayload("payload", "is nested too deeply to encode as JSON") from None
-    except (TypeError, ValueError) as exc:
-        raise InvalidPayload("payload", f"must be bytes, str or JSON-serialisable: {exc}") from None
-    return _utf8(text), "application/json"
-
-
-def _utf8(text: str) -> bytes:
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidPayload("payload", f"text must be encodable as UTF-8: {exc}") from None
 
 
 def check_size(message: Message, max_payload_bytes: int) -> None:
