@@ -31,6 +31,7 @@ from outbox.engines import (
 from outbox.errors import ConfigError, WrongDatabase
 from outbox.events import RelayListener, Stats
 from outbox.message import Message, build_message, check_cancel_id
+from outbox.payload import JsonDefault, check_json_default
 from outbox.secrets import mask_url, url_of
 from outbox.settings import Settings
 from outbox.table import outbox_message
@@ -77,6 +78,8 @@ class Outbox:
     ``sweeper``: also run the sweeper in this process once started (default True).
     ``listener``: an ``outbox.events.RelayListener`` whose hooks hear what the relay
     did with each message (more with ``add_listener``).
+    ``json_default``: called with each object of a payload that send() does not encode
+    itself, like ``json.dumps``' ``default`` (docs/input.md, Payloads).
     Other options are the fields of ``outbox.settings.Settings``.
     """
 
@@ -88,9 +91,11 @@ class Outbox:
         session_factory: AnyFactory | None = None,
         sweeper: bool = True,
         listener: RelayListener | None = None,
+        json_default: JsonDefault | None = None,
         **options: Any,
     ) -> None:
         self.settings = Settings.from_options(options)
+        self.json_default = check_json_default(json_default)
         self.broker = check_broker(broker)
         self.broker_url = self.broker if isinstance(self.broker, str) else None
         self._owns_engine = not isinstance(db, Engine)
@@ -205,6 +210,7 @@ class Outbox:
             delay_level=delay_level,
             dedup_key=dedup_key,
             max_payload_bytes=self.settings.max_payload_bytes,
+            json_default=self.json_default,
         )
         if staged or message.ordered:  # ordered: the key's lock is taken at COMMIT only
             stage(checked, message, self._on_commit)
