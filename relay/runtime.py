@@ -34,6 +34,7 @@ from outbox.broker import Broker
 from outbox.errors import OutboxError
 from outbox.events import RelayListener, Stats
 from outbox.message import Message
+from outbox.secrets import mask_url
 from outbox.settings import Settings
 from relay.acks import sql_finisher, sql_heads, sql_verifier
 from relay.brokers import broker_for
@@ -90,6 +91,7 @@ class Relay(Lifecycle):
         self.listeners = Listeners(*listeners)  # one set: the fast path's and the sweeper's
         self.broker_loop = BrokerLoop(broker_for(broker) if isinstance(broker, str) else broker,
                                       name)  # fmt: skip
+        self.broker_shown = mask_url(broker) if isinstance(broker, str) else type(broker).__name__
         self.dispatcher = self._fast_path() if fast_path else None
         self.sweeper = Sweeper(engine, self.broker_loop, settings, self.listeners)
         self.jobs = SweeperJobs(self.sweeper, concurrency, retention) if sweeper else None
@@ -101,6 +103,11 @@ class Relay(Lifecycle):
         finish = sql_finisher(self.engine, self.settings.mark_mode)
         return Dispatcher(self.broker_loop, finish, self.settings, verify=verify,
                           listener=self.listeners, heads=sql_heads(self.engine))  # fmt: skip
+
+    @property
+    def description(self) -> str:
+        """What runs, for a start line: ``broker nats://host:4222 (sweeper on)``."""
+        return f"broker {self.broker_shown} (sweeper {'off' if self.jobs is None else 'on'})"
 
     @property
     def stats(self) -> Stats | None:

@@ -77,7 +77,8 @@ class Sweeper:
         self._sweeping = 0  # sweep_once calls in progress
         self._sweeping_changed = threading.Condition()
         self.known = KnownForms()
-        # One INFO line per batch suits a worker; a command showing progress lowers it.
+        # A worker's routine lines (a batch swept, a retention purge): one INFO line each
+        # suits a worker; a command showing progress and an app's relay lower it.
         self.batch_log_level = logging.INFO
 
     def sweep_once(
@@ -249,7 +250,7 @@ class Sweeper:
             purged += deleted
             if deleted < self.settings.purge_batch:
                 if purged:
-                    log.info("retention: purged=%d", purged)
+                    log.log(self.batch_log_level, "retention: purged=%d", purged)
                 return purged
 
     def _publish_in_order(

@@ -12,13 +12,17 @@ import threading
 import time
 from datetime import datetime
 
+from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.exc import SQLAlchemyError
 
-from outbox import migrate
 from relay.outage import Outage
 from relay.part import Lifecycle
+from relay.quiet import quiet_alembic
 from relay.sweeper import Sweeper
+
+with quiet_alembic():  # the first import of Alembic logs seven INFO lines
+    from outbox import migrate
 
 log = logging.getLogger("relay.sweeper_jobs")
 
@@ -33,9 +37,17 @@ class SkippedRuns(logging.Filter):
         return "maximum number of running instances" not in record.getMessage()
 
 
-# Under "apscheduler": the CLI quiets that tree to WARNING, as the default logger was.
+# APScheduler logs at INFO each job it runs ("Running job ...", "... executed
+# successfully": two lines a second per process), each job added and each start and
+# shutdown: an app's log, at INFO, is no place for them. Our scheduler and our executor
+# log through loggers only we use, set to WARNING (where a job's failure would show);
+# an app that wants their lines sets these two to INFO. The executor's logger is
+# APScheduler's "apscheduler.executors.<alias>": the alias is ours.
 scheduler_log = logging.getLogger("apscheduler.scheduler.sweeper")
 scheduler_log.addFilter(SkippedRuns())
+scheduler_log.setLevel(logging.WARNING)
+EXECUTOR = "outbox-sweeper"
+logging.getLogger(f"apscheduler.executors.{EXECUTOR}").setLevel(logging.WARNING)
 
 
 class SweeperJobs(Lifecycle):
@@ -58,15 +70,16 @@ class SweeperJobs(Lifecycle):
         # A late sweep still runs (once: coalesce); one still running at the next interval
         # makes APScheduler skip that run, which is expected, not a warning per interval.
         defaults = {"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
-        scheduler = BackgroundScheduler(job_defaults=defaults, logger=scheduler_log)
+        scheduler = BackgroundScheduler(job_defaults=defaults, logger=scheduler_log,
+                                        executors={EXECUTOR: ThreadPoolExecutor()})  # fmt: skip
         scheduler.add_job(
             self._sweep, "interval", seconds=self.settings.sweep_interval_s,
-            next_run_time=datetime.now(), id="sweep",
+            next_run_time=datetime.now(), id="sweep", executor=EXECUTOR,
         )  # fmt: skip
         if self.retention:
             scheduler.add_job(
                 self._purge, "interval", seconds=RETENTION_INTERVAL_S,
-                next_run_time=datetime.now(), id="retention",
+                next_run_time=datetime.now(), id="retention", executor=EXECUTOR,
             )  # fmt: skip
         scheduler.start()
         self._scheduler = scheduler
@@ -120,7 +133,8 @@ class SweeperJobs(Lifecycle):
         if self._schema_ok:
             return True
         try:
-            migrate.require_schema(self.engine)
+            with quiet_alembic():  # Alembic's "Context impl ..." lines, each check
+                migrate.require_schema(self.engine)
         except migrate.SchemaProblem as problem:
             if str(problem) != self._schema_told:
                 log.error("sweeper paused until the schema is fixed: %s", problem)
