@@ -39,6 +39,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from outbox.events import SweepResult
 from outbox.message import Message
+from outbox.secrets import url_of
 from relay import store
 from relay.outage import Outage
 from relay.part import Lifecycle
@@ -144,6 +145,7 @@ class Scheduler(Lifecycle):
         self.timing = Timing(sweeper.settings.sweep_interval_s, clock, wall)
         self.totals = SweepResult()
         self.database = Outage("database", log)
+        self._told_missing = False  # "no outbox tables" said once, until they exist
         self._wakeup = threading.Condition()
         self._woken = False
         self._stopping = False
@@ -197,23 +199,46 @@ class Scheduler(Lifecycle):
             result, read = self._claim_once()
         except SQLAlchemyError as exc:
             self.timing.failed()
-            self.database.failed(f"scheduler: claim failed: {describe(exc)}")
+            self._claim_failed(exc)
             return SweepResult()
         except Exception:  # a bug: its traceback; the loop goes on at the next refresh
             self.timing.failed()
             log.exception("scheduler: claim failed")
             return SweepResult()
         self.database.ok()
+        self._told_missing = False
         self.totals += result
         full = result.claimed >= self.sweeper.settings.sweep_batch and not result.aborted
         read_at, wall_at = read.at
         self.timing.claim_ended(read.next, read_at, wall_at, result.claimed, full)
         return result
 
+    def _claim_failed(self, exc: SQLAlchemyError) -> None:
+        """A missing table is said once as what it is (a relay started before the app
+        created its tables, say), not as an outage of a database that answered."""
+        if not missing_table(exc):
+            self.database.failed(f"scheduler: claim failed: {describe(exc)}")
+        elif not self._told_missing:
+            self._told_missing = True
+            where = url_of(self.sweeper.engine)
+            log.warning("scheduler waiting: no outbox tables in %s: run `outbox migrate`", where)
+
     def _claim_once(self) -> tuple[SweepResult, Reading]:
         reading = Reading(self.sweeper.settings.sweep_batch, self.timing.clock, self.timing.wall)
         result = self.sweeper.publish_claimed(reading.claim)
         return result, reading
+
+
+def missing_table(exc: SQLAlchemyError) -> bool:
+    """Whether the database said a table does not exist (PostgreSQL 42P01, MariaDB/MySQL
+    1146, SQLite "no such table")."""
+    cause = getattr(exc, "orig", None)
+    if getattr(cause, "sqlstate", None) == "42P01" or getattr(cause, "pgcode", None) == "42P01":
+        return True
+    args = getattr(cause, "args", ())
+    if args and args[0] == 1146:
+        return True
+    return "no such table" in str(cause)
 
 
 class Reading:
