@@ -16,6 +16,7 @@ from collections.abc import Coroutine
 from typing import Any, Protocol, TypeVar
 
 from relay.brokers import Broker
+from relay.brokers.base import BrokerRefused
 from relay.outage import Outage
 from relay.part import START_TIMEOUT_S, Lifecycle
 
@@ -122,6 +123,8 @@ class ConnectionLoop(Lifecycle):
                 self._connected.set()
                 self.outage.ok()
                 return
+            except BrokerRefused as exc:  # it answered: its words and the setting to fix
+                self.outage.refused(str(exc))
             except Exception as exc:
                 self.outage.failed(f"connect failed ({exc.__class__.__name__})")
             await asyncio.sleep(wait)

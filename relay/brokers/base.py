@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from outbox.broker import Broker, LogEntry, PublishResult, permanent, retry
-from outbox.errors import OutboxError
+from outbox.errors import ConfigError, OutboxError
 from outbox.message import Message
 from outbox.secrets import mask_url
 
@@ -71,6 +71,13 @@ async def _alone(broker: Broker, message: Message) -> PublishResult:
     except Exception as exc:
         return unexpected(exc)
     return result
+
+
+class BrokerRefused(ConfigError):
+    """The broker answered and refused what the broker URL asks it to set up (a stream,
+    an exchange, a queue): connecting again changes nothing until a setting or the
+    broker does. The message holds the broker's own words and the setting to change.
+    The relay's connect loop logs it as a refusal, never as an unreachable broker."""
 
 
 def unreachable(url: str, reason: object) -> OutboxError:

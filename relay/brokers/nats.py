@@ -44,7 +44,14 @@ from outbox.broker import Broker, LogEntry, LogReader, PublishResult, ok, perman
 from outbox.errors import ConfigError, OutboxError
 from outbox.message import Message, carried_headers
 from outbox.secrets import mask_url
-from relay.brokers.base import NOT_CONNECTED, Chunk, unexpected, unreachable, utc
+from relay.brokers.base import (
+    NOT_CONNECTED,
+    BrokerRefused,
+    Chunk,
+    unexpected,
+    unreachable,
+    utc,
+)
 from relay.outage import Outage
 
 log = logging.getLogger("relay.brokers.nats")
@@ -113,6 +120,7 @@ class NatsBroker(Broker, LogReader):
         self._awaited: dict[str, tuple[_Batch, int]] = {}  # token -> (batch, index in it)
 
     async def connect(self) -> None:
+        self._closing = False  # a failed connect closed what it opened: this one is anew
         nc = await nats.connect(
             servers=[self.url],
             name="outbox-relay",
@@ -139,13 +147,20 @@ class NatsBroker(Broker, LogReader):
         self._nc = nc
 
     async def ensure_stream(self, name: str, subjects: list[str]) -> None:
-        """Create the stream if missing; an existing one is left as it is."""
+        """Create the stream if missing; an existing one is left as it is.
+
+        A stream the server refuses (subjects another stream captures, a name it does not
+        accept) is a ``BrokerRefused`` with the server's words and the URL's settings.
+        """
         assert self._js is not None, "connect() first"
         try:
-            await self._js.stream_info(name)
-        except nats.js.errors.NotFoundError:
-            await self._js.add_stream(name=name, subjects=subjects)
-            log.info("created JetStream stream %s for %s", name, ",".join(subjects))
+            try:
+                await self._js.stream_info(name)
+            except nats.js.errors.NotFoundError:
+                await self._js.add_stream(name=name, subjects=subjects)
+                log.info("created JetStream stream %s for %s", name, ",".join(subjects))
+        except nats.js.errors.BadRequestError as exc:
+            raise stream_refused(name, subjects, exc) from None
 
     async def publish(self, messages: Sequence[Message]) -> list[PublishResult]:
         nc = self._nc
@@ -297,6 +312,28 @@ def api_error(error: dict[str, Any]) -> PublishResult:
     except nats.js.errors.APIError as exc:
         return retry(f"{type(exc).__name__}: {exc}")
     raise AssertionError("APIError.from_error returned")
+
+
+OVERLAP = 10065  # JetStream's err_code: "subjects overlap with an existing stream"
+
+
+def stream_refused(name: str, subjects: list[str], exc: nats.js.errors.APIError) -> BrokerRefused:
+    """The server's refusal of the URL's stream, in its words, with the settings to change."""
+    said = exc.description or type(exc).__name__
+    code = f" (err_code {exc.err_code})" if exc.err_code else ""
+    cure = "set ?stream= and ?subjects= in the broker URL (Outbox(broker=...), OUTBOX_BROKER"
+    cure += ", --broker) to a stream name and subjects the server accepts"
+    if exc.err_code == OVERLAP:
+        cure = (
+            "another stream captures some of these subjects: set ?subjects= in the broker URL "
+            "(Outbox(broker=...), OUTBOX_BROKER, --broker) to subjects no other stream "
+            "captures, or leave ?stream= and ?subjects= out to publish into the stream that "
+            "captures them"
+        )
+    return BrokerRefused(
+        f"JetStream refused to create stream {name!r} for subjects {','.join(subjects)!r}: "
+        f"{said}{code}; {cure}"
+    )
 
 
 def too_large(nc: Client, payload: bytes, headers: dict[str, str], headroom: int = 0) -> str | None:
