@@ -8,7 +8,8 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
@@ -69,12 +70,15 @@ class Outbox:
     publishes it again; consumers deduplicate by ``msg_id``.
 
     ``db`` is a SQLAlchemy URL or the app's own Engine or AsyncEngine: one Outbox serves
-    sync Sessions and AsyncSessions alike. The relay always works through a sync engine
-    on its own threads (an async driver's sync counterpart: asyncpg -> psycopg,
-    aiosqlite -> pysqlite, asyncmy/aiomysql -> PyMySQL). ``broker`` is a broker URL
+    sync Sessions and AsyncSessions alike. It may come later, through ``bind()`` (an app
+    factory's engine); until then send(), start() and transactional calls raise
+    ConfigError. The relay always works through a sync engine on its own threads (an
+    async driver's sync counterpart: asyncpg -> psycopg, aiosqlite -> pysqlite,
+    asyncmy/aiomysql -> PyMySQL). ``broker`` is a broker URL
     (``nats://``, ``amqp://``, ``redis://``), a ``outbox.broker.Broker`` object (e.g.
     ``relay.testing.MemoryBroker()`` in an app's tests), or None when another process
-    relays.
+    relays (start() then refuses); ``""`` (an empty ``OUTBOX_BROKER``) means no relay here:
+    start() logs one line and starts nothing.
     ``sweeper``: also run the sweeper in this process once started (default True).
     ``listener``: an ``outbox.events.RelayListener`` whose hooks hear what the relay
     did with each message (more with ``add_listener``).
@@ -85,7 +89,7 @@ class Outbox:
 
     def __init__(
         self,
-        db: str | Engine | AsyncEngine,
+        db: str | Engine | AsyncEngine | None = None,
         broker: str | Broker | None = None,
         *,
         session_factory: AnyFactory | None = None,
@@ -96,28 +100,21 @@ class Outbox:
     ) -> None:
         self.settings = Settings.from_options(options)
         self.json_default = check_json_default(json_default)
-        self.broker = check_broker(broker)
+        self._no_broker = no_broker(broker)  # an empty OUTBOX_BROKER: no relay in this process
+        self.broker = None if self._no_broker else check_broker(broker)
         self.broker_url = self.broker if isinstance(self.broker, str) else None
-        self._owns_engine = not isinstance(db, Engine)
-        timeout = self.settings.connect_timeout_s
+        self._engine: Engine | None = None  # None until bound
+        self._owns_engine = False
         self._async_engine: AsyncEngine | None = None
         self._owns_async_engine = True
-        if aio.is_async_engine(db) or (isinstance(db, str) and is_async_url(db)):
-            self._async_engine = async_engine_from(db, timeout)
-            self._owns_async_engine = not aio.is_async_engine(db)
-            # Its own sync engine: an async engine's sync_engine cannot run on another thread.
-            source = db if isinstance(db, str) else given_url(self._async_engine)  # with options
-            self.engine = engine_from(sync_url(make_url(source)), timeout)
-            if differs := mismatch(self._async_engine.sync_engine, self.engine):
-                raise ConfigError(f"db: the relay's engine would reach another table ({differs})")
-        else:
-            self.engine = engine_from(db, timeout)
-        self.session_factory: sessionmaker[Session] = sessionmaker(self.engine)
+        self._made_session_factory = not isinstance(session_factory, sessionmaker)
+        self.session_factory: sessionmaker[Session] = sessionmaker()  # bound by bind()
         self._async_factory: async_sessionmaker[AsyncSession] | None = None
         if aio.is_async_factory(session_factory):
             self._async_factory = session_factory
         elif session_factory is not None:
             self.session_factory = session_factory
+        self._made_async_factory = self._async_factory is None  # made on first async use
         self._current: ContextVar[Session | None] = ContextVar("outbox_session", default=None)
         self._current_async: ContextVar[tuple[AsyncSession, object] | None] = ContextVar(
             "outbox_async_session", default=None
@@ -131,11 +128,96 @@ class Outbox:
         self._start_lock = threading.Lock()
         self._start_in_child = False  # forked from a parent whose relay ran: start on send()
         self._start_retry_at = 0.0  # after a failed start in a child, not before this
+        self._overrides: tuple[str | Broker | None, bool | None] = (None, None)  # start()'s
+        self._recordings: tuple[list[Message], ...] = ()  # the open recording() blocks' lists
+        if db is not None:
+            self.bind(db)
         forks.after_fork_in_child(self, Outbox._after_fork)
 
     def __repr__(self) -> str:
-        db = url_of(self.engine)
+        db = None if self._engine is None else url_of(self._engine)
         return f"Outbox(db={db!r}, broker={shown_broker(self.broker)!r})"
+
+    @property
+    def engine(self) -> Engine:
+        """The sync Engine the outbox reads its database through (the app's, when given one);
+        a ConfigError naming ``bind()`` while the Outbox is not bound."""
+        if self._engine is None:
+            raise unbound()
+        return self._engine
+
+    @property
+    def bound(self) -> bool:
+        """Whether the Outbox has its database (given to Outbox() or to bind())."""
+        return self._engine is not None
+
+    def bind(self, db: str | Engine | AsyncEngine) -> Outbox:
+        """Bind the Outbox to its database: ``db`` as ``Outbox(db, ...)`` takes it, later.
+
+        For an app factory: build the Outbox at import time, with its broker and settings
+        (``ob = Outbox(broker=os.environ.get("OUTBOX_BROKER"))``), and bind it where the
+        app's engine exists, e.g. ``with app.app_context(): ob.bind(db.engine)`` in a Flask
+        factory. The app's Engine is used as it is: one engine, one pool. Returns the Outbox.
+
+        An Outbox serves one outbox table. Binding it again to an engine that reaches the
+        same table (the next app a test suite builds) moves it there while no relay runs;
+        another database raises ConfigError, and so does any rebinding while the relay
+        runs (stop() first).
+        """
+        if db is self._engine or (db is not None and db is self._async_engine):
+            return self
+        engine, async_engine = self._engines_for(db)
+        try:
+            if self._engine is not None:
+                self._check_rebind(engine)
+        except ConfigError:
+            for made in (e for e in (engine, async_engine) if e is not None and e is not db):
+                dispose(made)
+            raise
+        self._use(engine, async_engine, db)
+        return self
+
+    def _engines_for(self, db: str | Engine | AsyncEngine) -> tuple[Engine, AsyncEngine | None]:
+        """The sync Engine the outbox and its relay use for ``db``, and the AsyncEngine of an
+        async ``db`` (an async driver's URL, or the app's AsyncEngine)."""
+        timeout = self.settings.connect_timeout_s
+        if aio.is_async_engine(db) or (isinstance(db, str) and is_async_url(db)):
+            async_engine = async_engine_from(db, timeout)
+            # Its own sync engine: an async engine's sync_engine cannot run on another thread.
+            source = db if isinstance(db, str) else given_url(async_engine)  # with options
+            engine = engine_from(sync_url(make_url(source)), timeout)
+            if differs := mismatch(async_engine.sync_engine, engine):
+                raise ConfigError(f"db: the relay's engine would reach another table ({differs})")
+            return engine, async_engine
+        return engine_from(db, timeout), None
+
+    def _check_rebind(self, engine: Engine) -> None:
+        """An Outbox already bound may move only to its own table, and not while relaying."""
+        bound = self.engine
+        if differs := mismatch(engine, bound):
+            raise ConfigError(
+                f"db: this Outbox is bound to {url_of(bound)} already, and {url_of(engine)} "
+                f"is another database ({differs}); an Outbox serves one database: build one "
+                "per database (in the app factory, say)"
+            )
+        if self._relay is not None and self._relay.running:
+            raise ConfigError(
+                f"db: this Outbox's relay is running on {url_of(bound)}; stop() it before "
+                "binding the Outbox again"
+            )
+
+    def _use(self, engine: Engine, async_engine: AsyncEngine | None, db: object) -> None:
+        """Bind to ``engine`` (and ``async_engine``), leaving the ones bound before."""
+        for old, owned in ((self._engine, self._owns_engine),
+                           (self._async_engine, self._owns_async_engine)):  # fmt: skip
+            if old is not None and owned:
+                dispose(old)  # made here from a URL; no relay runs on it (checked)
+        self._engine, self._owns_engine = engine, engine is not db
+        self._async_engine, self._owns_async_engine = async_engine, async_engine is not db
+        if self._made_session_factory:
+            self.session_factory.configure(bind=engine)
+        if self._made_async_factory:
+            self._async_factory = None  # made again, on the new async engine, when used
 
     @property
     def async_engine(self) -> AsyncEngine:
@@ -217,6 +299,8 @@ class Outbox:
         else:
             [written] = rows.write(checked, [message])
             remember(checked, written, self._on_commit)
+        if self._recordings:  # the whole cost of recording() when none is open
+            self._record(message)
         return message.msg_id
 
     def cancel(self, session: Session | scoped_session[Session], msg_id: str | UUID) -> bool:
@@ -285,6 +369,8 @@ class Outbox:
             outer = self._current_async.get()
             if outer is not None and outer[1] is task:
                 return await fn(outer[0], *args, **kwargs)
+            if self._engine is None:
+                raise unbound()
             async with self.async_session_factory() as session:
                 token = self._current_async.set((session, task))
                 try:
@@ -301,6 +387,8 @@ class Outbox:
             outer = self._current.get()
             if outer is not None:
                 return fn(outer, *args, **kwargs)
+            if self._engine is None:
+                raise unbound()
             with self.session_factory() as session:
                 token = self._current.set(session)
                 try:
@@ -336,31 +424,89 @@ class Outbox:
         relay = self._relay
         return None if relay is None else relay.stats
 
-    def start(self) -> None:
+    @contextmanager
+    def recording(self) -> Iterator[list[Message]]:
+        """``with ob.recording() as sent:``: ``sent`` lists the messages
+        (``outbox.message.Message``) that send() wrote or staged through this Outbox
+        while the block runs, in order, from any thread, whether their transaction then
+        commits or rolls back (a test whose outer transaction rolls back still sees what
+        the code under test sent).
+
+        Blocks may nest or overlap (other threads): each sees the sends made while it is
+        open. Nothing is recorded, and send() pays one attribute check, when none is open.
+        """
+        sent: list[Message] = []
+        with self._count_lock:
+            self._recordings = (*self._recordings, sent)
+        try:
+            yield sent
+        finally:
+            with self._count_lock:
+                self._recordings = tuple(r for r in self._recordings if r is not sent)
+
+    def _record(self, message: Message) -> None:
+        with self._count_lock:  # one order for every open recording
+            for sent in self._recordings:
+                sent.append(message)
+
+    def start(self, broker: str | Broker | None = None, *, sweeper: bool | None = None) -> None:
         """Start the in-process relay: committed messages are published from memory.
 
-        Needs ``broker``. Returns at once, even while the broker is unreachable: the
-        relay keeps connecting in the background and the sweeper covers the gap. It
-        connects to the database once first (a process forked later must not copy an
-        engine in the middle of its first connection): an unreachable database holds it
-        up to the engine's connect timeout (``connect_timeout_s`` for an engine the
+        Needs the database (``bind()``) and ``broker``. Returns at once, even while the
+        broker is unreachable: the relay keeps connecting in the background and the sweeper
+        covers the gap. It connects to the database once first (a process forked later must
+        not copy an engine in the middle of its first connection): an unreachable database
+        holds it up to the engine's connect timeout (``connect_timeout_s`` for an engine the
         outbox built), then the relay keeps trying in the background.
         In a process forked after start(), the first send() starts the child's own relay.
+
+        Starts nothing, with one INFO line, when ``start_relay`` is false
+        (``OUTBOX_START_RELAY=false``: CLI commands, task workers, tests) or the Outbox was
+        built with ``broker=""`` (an empty ``OUTBOX_BROKER``). ``broker`` and ``sweeper``
+        given here replace the Outbox's for this start (a test's ``ob.start(broker=
+        MemoryBroker(), sweeper=False)``), and a broker given here starts the relay
+        whatever ``start_relay`` says. While a relay runs, start() does nothing; asking it
+        for another broker or sweeper then is a ConfigError (stop() first).
         """
-        if self.broker is None:
+        engine = self.engine  # unbound: the ConfigError naming bind()
+        chosen = None if broker is None or no_broker(broker) else check_broker(broker)
+        if chosen is None and not self._wanted(broker):
+            return
+        target = chosen or self.broker
+        if target is None:
             raise ConfigError(
                 "broker: start() needs a broker URL, e.g. nats://127.0.0.1:4222, or a Broker"
             )
         with self._start_lock:  # send() in a forked child may race another thread's start()
-            if self._relay is None or not self._relay.running:
-                self._start(self.broker)
+            relay = self._relay
+            if relay is None or not relay.running:
+                self._start(target, self.sweeper if sweeper is None else sweeper)
+                self._overrides = (chosen, sweeper)
+            elif (chosen, sweeper) != (None, None) and (chosen, sweeper) != self._overrides:
+                raise ConfigError(
+                    f"start: the relay already runs on {url_of(engine)}; stop() it before "
+                    "starting it with another broker or sweeper"
+                )
             self._start_in_child = False  # only once started: a failed start is tried again
 
-    def _start(self, broker: str | Broker) -> None:
+    def _wanted(self, broker: object) -> bool:
+        """Whether start() without a broker of its own starts a relay; one line if not."""
+        if broker is not None:  # start(broker=""): no broker, said explicitly
+            log.info("relay not started: start() was given an empty broker")
+            return False
+        if not self.settings.start_relay:
+            log.info("relay not started: start_relay is false (OUTBOX_START_RELAY)")
+            return False
+        if self._no_broker:
+            log.info("relay not started: the broker is empty (OUTBOX_BROKER=''), no relay here")
+            return False
+        return True
+
+    def _start(self, broker: str | Broker, sweeper: bool) -> None:
         from relay.runtime import Relay  # the app's one import of the relay layer
 
         forks.first_connect(self.engine)
-        relay = Relay(self.engine, broker, self.settings, self._listeners, sweeper=self.sweeper)
+        relay = Relay(self.engine, broker, self.settings, self._listeners, sweeper=sweeper)
         relay.start()
         with self._count_lock:
             self._relay = relay
@@ -368,8 +514,9 @@ class Outbox:
                 relay.add_listener(listener)
 
     def _start_after_fork(self) -> None:
+        broker, sweeper = self._overrides  # as the parent's relay was started
         try:
-            self.start()
+            self.start(broker, sweeper=sweeper)
         except Exception:  # send() goes on: the row waits in the table for a sweeper
             self._start_retry_at = time.monotonic() + START_RETRY_S
             log.exception("starting the relay in a forked process failed; next try in %s s",
@@ -390,7 +537,7 @@ class Outbox:
 
     def _engines(self) -> set[Engine]:
         """Every sync Engine this outbox or its session factories connect through."""
-        found = {self.engine}
+        found = set() if self._engine is None else {self._engine}
         if self._async_engine is not None:
             found.add(self._async_engine.sync_engine)
         for factory in (self.session_factory, self._async_factory):
@@ -412,8 +559,8 @@ class Outbox:
         self._start_in_child = False
         if self._relay is not None:
             self._relay.stop(timeout)  # a second stop() does nothing
-        if self._owns_engine:
-            self.engine.dispose()
+        if self._engine is not None and self._owns_engine:
+            self._engine.dispose()
 
     async def stop_async(self, timeout: float = 5.0) -> None:
         """``stop()`` off the event loop, then the pooled async connections the outbox made."""
@@ -456,6 +603,24 @@ class Outbox:
                 f"{url_of(self.engine)}: another table ({differs})"
             )
         return session
+
+
+def no_broker(broker: object) -> bool:
+    """``""`` (or blanks): no broker, so no relay here (an empty ``OUTBOX_BROKER``)."""
+    return isinstance(broker, str) and not broker.strip()
+
+
+def unbound() -> ConfigError:
+    return ConfigError("db: this Outbox is not bound to a database yet; call ob.bind(engine)")
+
+
+def dispose(engine: Engine | AsyncEngine) -> None:
+    """Let go of an engine the outbox made: a sync one's pooled connections are closed; an
+    async one's can be closed only on their event loop, and are left to the collector."""
+    if isinstance(engine, Engine):
+        engine.dispose()
+    else:
+        engine.sync_engine.dispose(close=False)
 
 
 def canceled(withdrawn: bool, changed: bool | None) -> bool:
