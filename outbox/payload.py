@@ -93,27 +93,28 @@ def _utf8(text: str, payload: object, json_default: JsonDefault | None) -> bytes
 
 
 def convert(obj: object, json_default: JsonDefault | None = None) -> object:
-    """The JSON form of ``obj``, a value JSON has no type for (the encoder's ``default``)."""
+    """The JSON form of ``obj``, a value JSON has no type for (the encoder's ``default``).
+
+    The types listed above first; then ``json_default``, also for the values of those
+    types that are refused (a naive datetime, a NaN Decimal): it may decide for them.
+    """
     try:
         value = builtin_form(obj)
-    except Refused:
-        raise
     except Exception as exc:  # a tzinfo, __str__ or model_dump of the app's that raises
         raise Refused(f"a {type_name(obj)} could not be encoded: {describe(exc)}") from None
     if value is not _UNKNOWN:
         return value
-    naive = isinstance(obj, datetime)  # builtin_form() took every aware one
+    rule = refused_rule(obj)
     if json_default is not None:
         try:
             return json_default(obj)
         except Exception as exc:
-            if naive:
-                raise Refused(f"{_naive_rule(obj)} (json_default raised {describe(exc)})") from None
+            if rule:
+                raise Refused(f"{rule} (json_default raised {describe(exc)})") from None
             raise Refused(f"json_default raised for a {type_name(obj)}: {describe(exc)}") from None
-    if naive:
-        raise Refused(_naive_rule(obj))
     raise Refused(
-        f"a {type_name(obj)} has no JSON form: convert it first, or give the Outbox a "
+        rule
+        or f"a {type_name(obj)} has no JSON form: convert it first, or give the Outbox a "
         "json_default= that does"
     )
 
@@ -127,9 +128,8 @@ def builtin_form(obj: object) -> object:
     if isinstance(obj, uuid.UUID):
         return str(obj)
     if isinstance(obj, Decimal):
-        if not obj.is_finite():
-            raise Refused(f"a Decimal must be finite (JSON has no NaN or Infinity), got {obj}")
-        return str(obj)  # exact: a JSON number would reach most consumers as a float
+        # A string, exact: as a JSON number most consumers would read it as a float.
+        return str(obj) if obj.is_finite() else _UNKNOWN
     if isinstance(obj, enum.Enum):
         return obj.value
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -139,18 +139,23 @@ def builtin_form(obj: object) -> object:
     return _UNKNOWN
 
 
+def refused_rule(obj: object) -> str | None:
+    """The rule a value of a type builtin_form() knows breaks, None for other types."""
+    if isinstance(obj, datetime):  # builtin_form() took every aware one
+        return (
+            f"{NAIVE_RULE}; got the naive {shown(obj)}: give it one, e.g. "
+            ".replace(tzinfo=UTC), or decide for naive ones in Outbox(json_default=...)"
+        )
+    if isinstance(obj, Decimal):
+        return f"a Decimal must be finite (JSON has no NaN or Infinity), got {obj}"
+    return None
+
+
 def _is_pydantic_model(obj: object) -> bool:
     """A Pydantic v2 model, without importing Pydantic: an app that made one imported it."""
     pydantic = sys.modules.get("pydantic")
     base = getattr(pydantic, "BaseModel", None)
     return isinstance(base, type) and isinstance(obj, base) and hasattr(obj, "model_dump")
-
-
-def _naive_rule(value: object) -> str:
-    return (
-        f"{NAIVE_RULE}; got the naive {shown(value)}: give it one, e.g. "
-        ".replace(tzinfo=UTC), or decide for naive ones in Outbox(json_default=...)"
-    )
 
 
 def _encoder(json_default: JsonDefault | None) -> json.JSONEncoder:
@@ -207,20 +212,23 @@ def _find_within(
         items = ((f"{path}[{i}]", item) for i, item in enumerate(value))
         return _first_refused(items, json_default, stack)
     if isinstance(value, dict):
-        for key in value:
+        for key, item in value.items():
             if not (key is None or isinstance(key, str | int | float)):
                 return path, f"keys must be str, int, float, bool or None, got {shown(key)}"
             if isinstance(key, str) and (found := _check_text(key, f"{path} key {key!r}")):
                 return found
-        items = ((f"{path}[{key!r}]", item) for key, item in value.items())
-        return _first_refused(items, json_default, stack)
+            if found := find_refused(item, f"{path}[{key!r}]", json_default, stack):
+                return found
+        return None
     try:
         converted = convert(value, json_default)
     except Refused as exc:
         return path, exc.rule
     if converted is value:
         return path, f"json_default returned the {type_name(value)} unchanged"
-    if dataclasses.is_dataclass(value) and isinstance(converted, dict):
+    if isinstance(converted, dict) and (
+        dataclasses.is_dataclass(value) or _is_pydantic_model(value)
+    ):  # their fields, as the app reads them
         fields = ((f"{path}.{name}", item) for name, item in converted.items())
         return _first_refused(fields, json_default, stack)
     return find_refused(converted, path, json_default, stack)

@@ -7,11 +7,20 @@ NATS and AMQP wildcards and separators, non-ASCII, astral characters and surroga
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import json
 import string
+import uuid
+from datetime import UTC, date, datetime, time, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
+import pydantic
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+
+from outbox.payload import JsonDefault
 
 EDGES = (
     "\x00\t\n\r\x0b\x0c\x1c\x1f\x7f\x80\x85\x9f\xa0\u1680\u2000\u2028\u2029\u3000"
@@ -66,7 +75,141 @@ json_values: st.SearchStrategy[Any] = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(text, inner, max_size=4),
     max_leaves=12,
 )
-payloads = st.one_of(st.binary(max_size=512), text, json_values)
+
+
+# Values beyond JSON's types that send() encodes itself (outbox.payload, docs/input.md).
+class Colour(enum.Enum):
+    RED = "red"
+    DEEP = ("deep", 2)
+
+
+class Size(enum.IntEnum):
+    L = 3
+
+
+class Kind(enum.StrEnum):
+    GIFT = "gift"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    first: Any
+    second: Any
+
+
+class Event(pydantic.BaseModel):
+    id: uuid.UUID
+    at: pydantic.AwareDatetime
+    amount: Decimal
+    data: Any = None
+
+
+class Money:
+    """A type only the app's json_default encodes."""
+
+    def __init__(self, cents: int) -> None:
+        self.cents = cents
+
+
+def money_default(obj: object) -> object:
+    """A json_default: Money as its cents, a naive datetime taken as UTC, a NaN or infinite
+    Decimal as null, nothing else."""
+    if isinstance(obj, Money):
+        return {"cents": obj.cents}
+    if isinstance(obj, datetime):
+        return obj.replace(tzinfo=UTC)
+    if isinstance(obj, Decimal):
+        return None
+    raise TypeError(f"not mine: {type(obj).__name__}")
+
+
+# Whole minutes mostly (real zones), else any offset datetime.timezone takes (to the us).
+offsets = mostly(
+    st.integers(-1439, 1439).map(lambda m: timezone(timedelta(minutes=m))),
+    st.timedeltas(-timedelta(hours=23, minutes=59), timedelta(hours=23, minutes=59)).map(timezone),
+)
+aware_datetimes = st.datetimes(timezones=offsets)
+finite_decimals = st.decimals(allow_nan=False, allow_infinity=False)
+typed_leaves = st.one_of(
+    st.uuids(),
+    aware_datetimes,
+    st.dates(),
+    st.times(timezones=st.none() | offsets),
+    finite_decimals,
+    st.sampled_from([*Colour, *Size, *Kind]),
+)
+
+
+def typed_trees(leaves: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """JSON trees whose leaves and branches may be any of the types send() encodes."""
+    return st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | text | leaves,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4),
+            st.dictionaries(text, inner, max_size=4),
+            st.builds(Pair, inner, inner),
+            st.builds(Event, id=st.uuids(), at=aware_datetimes, amount=finite_decimals, data=inner),
+        ),
+        max_leaves=12,
+    )
+
+
+typed_values = typed_trees(typed_leaves)
+# Also values a payload may not hold: naive datetimes, NaN and infinite Decimals, objects
+# only money_default encodes, objects nothing encodes.
+refusable_leaves = st.one_of(
+    st.datetimes(),
+    st.sampled_from([Decimal("NaN"), Decimal("-Infinity"), Decimal("Infinity"), Decimal("sNaN")]),
+    st.builds(Money, st.integers()),
+    st.builds(object),
+)
+typed_or_refused_values = typed_trees(st.one_of(typed_leaves, refusable_leaves))
+payloads = st.one_of(st.binary(max_size=512), text, json_values, typed_values)
+
+
+def reference_json(payload: object, json_default: JsonDefault | None = None) -> bytes:
+    """What docs/input.md says send() makes of a (non-bytes) payload, written apart from
+    outbox.payload: the documented conversions first, then json.dumps. Raises on refusal."""
+    if isinstance(payload, str):
+        return payload.encode("utf-8")
+    text = json.dumps(
+        documented(payload, json_default),
+        ensure_ascii=False,
+        allow_nan=False,
+        separators=(",", ":"),
+    )
+    return text.encode("utf-8")
+
+
+def documented(value: Any, json_default: JsonDefault | None) -> Any:
+    """``value`` with every type docs/input.md lists turned into its JSON form."""
+    if isinstance(value, dict):
+        return {k: documented(v, json_default) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [documented(v, json_default) for v in value]
+    if isinstance(value, str | int | float) or value is None:  # StrEnum, IntEnum included
+        return value
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: documented(getattr(value, f.name), json_default)
+            for f in dataclasses.fields(value)
+        }
+    if isinstance(value, enum.Enum):
+        return documented(value.value, json_default)
+    if isinstance(value, datetime) and value.utcoffset() is not None:
+        return value.isoformat()
+    if isinstance(value, date | time) and not isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, Decimal) and value.is_finite():
+        return str(value)
+    if json_default is None:
+        raise TypeError(f"refused: {value!r}")
+    return documented(json_default(value), json_default)
+
 
 PROPERTY = settings(
     max_examples=100,

@@ -37,6 +37,7 @@ anything = st.one_of(
         st.one_of(s.wild_text, st.integers()), st.one_of(s.wild_text, st.integers(), st.none())
     ),
     s.json_values,
+    s.typed_or_refused_values,
 )
 
 
@@ -55,6 +56,8 @@ def assert_stored_as_given(row: Message, topic: str, payload: object, **kw: Any)
     assert row.headers == built.headers
     if isinstance(payload, bytes | str):
         assert row.payload == (payload if isinstance(payload, bytes) else payload.encode())
+    elif not isinstance(payload, bytearray | memoryview):
+        assert row.payload == s.reference_json(payload), "the encoding docs/input.md gives"
     recheck(row, max_payload_bytes=Settings().max_payload_bytes)  # the relay's check agrees
 
 
