@@ -32,13 +32,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import aio_pika
 import aio_pika.exceptions as amqp_errors
+import aiormq.exceptions as aiormq_errors
 
 from outbox.broker import Broker, LogEntry, LogReader, PublishResult, ok, permanent, retry
 from outbox.errors import ConfigError, OutboxError
@@ -46,6 +48,7 @@ from outbox.message import Message, carried_headers
 from relay.brokers.base import (
     NOT_CONNECTED,
     READ_TIMEOUT_S,
+    BrokerRefused,
     Chunk,
     unexpected,
     unreachable,
@@ -56,6 +59,29 @@ DEFAULT_EXCHANGE = "amq.topic"
 MAX_ROUTING_KEY_BYTES = 255  # AMQP 0-9-1 shortstr
 PREFETCH = 1_000  # a log read's unacked deliveries in flight (AMQP caps it at 65535)
 MARKER_TYPE = "outbox.export-marker"
+
+
+# RabbitMQ's refusals of what the URL declares: an exchange or queue that exists with
+# other arguments (PRECONDITION_FAILED), or one the user may not configure (ACCESS_REFUSED).
+REFUSALS = (aiormq_errors.ChannelPreconditionFailed, aiormq_errors.ChannelAccessRefused)
+EXCHANGE_CURE = (
+    "set ?exchange= in the broker URL (Outbox(broker=...), OUTBOX_BROKER, --broker) to a "
+    "durable topic exchange, or to a name no exchange has yet"
+)
+AUDIT_CURE = (
+    "set ?audit= in the broker URL (Outbox(broker=...), OUTBOX_BROKER, --broker) to a "
+    "stream queue's name, or to a name no queue has yet"
+)
+
+
+@contextmanager
+def refusal(what: str, cure: str) -> Iterator[None]:
+    """RabbitMQ's refusal to declare ``what`` becomes a BrokerRefused: its reply, ``cure``."""
+    try:
+        yield
+    except REFUSALS as exc:
+        reply = exc.args[0] if exc.args else str(exc)
+        raise BrokerRefused(f"RabbitMQ refused to declare {what}: {reply}; {cure}") from None
 
 
 class RabbitBroker(Broker, LogReader):
@@ -80,14 +106,18 @@ class RabbitBroker(Broker, LogReader):
             if self.exchange_name == DEFAULT_EXCHANGE:
                 exchange = await channel.get_exchange(DEFAULT_EXCHANGE, ensure=False)
             else:
-                exchange = await channel.declare_exchange(
-                    self.exchange_name, aio_pika.ExchangeType.TOPIC, durable=True
-                )
+                with refusal(f"the exchange {self.exchange_name!r} (a durable topic exchange)",
+                             EXCHANGE_CURE):  # fmt: skip
+                    exchange = await channel.declare_exchange(
+                        self.exchange_name, aio_pika.ExchangeType.TOPIC, durable=True
+                    )
             if self.audit_queue:
-                audit = await channel.declare_queue(
-                    self.audit_queue, durable=True, arguments={"x-queue-type": "stream"}
-                )
-                await audit.bind(exchange, routing_key="#")
+                with refusal(f"the audit queue {self.audit_queue!r} (a durable stream queue)",
+                             AUDIT_CURE):  # fmt: skip
+                    audit = await channel.declare_queue(
+                        self.audit_queue, durable=True, arguments={"x-queue-type": "stream"}
+                    )
+                    await audit.bind(exchange, routing_key="#")
         except BaseException:
             await connection.close()
             raise

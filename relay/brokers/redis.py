@@ -104,7 +104,10 @@ class RedisBroker(Broker, LogReader):
         except RETRYABLE as exc:
             down = retry(f"{type(exc).__name__}: {exc}")
             return [down if r is None else r for r in results]
-        return [result_of(next(replies)) if r is None else r for r in results]
+        return [
+            result_of(next(replies), self.prefix + m.topic) if r is None else r
+            for r, m in zip(results, messages, strict=True)
+        ]
 
     async def close(self) -> None:
         client, self._client = self._client, None
@@ -159,10 +162,17 @@ def fields(message: Message) -> dict[str | bytes, str | bytes]:
     }
 
 
-def result_of(reply: object) -> PublishResult:
+def result_of(reply: object, key: str = "") -> PublishResult:
+    """The outcome of one XADD's reply to ``key``."""
     if isinstance(reply, RETRYABLE):
         return retry(f"{type(reply).__name__}: {reply}")
-    if isinstance(reply, Exception):  # WRONGTYPE and other refusals will not change
+    if isinstance(reply, Exception) and str(reply).startswith("WRONGTYPE"):
+        return permanent(
+            f"{type(reply).__name__}: {reply}: the key {key!r} holds something else than a "
+            "stream; set ?prefix= in the broker URL (Outbox(broker=...), OUTBOX_BROKER, "
+            "--broker) so that the topics' streams get keys of their own"
+        )
+    if isinstance(reply, Exception):  # other refusals will not change either
         return permanent(f"{type(reply).__name__}: {reply}")
     return ok(reply.decode() if isinstance(reply, bytes) else str(reply))
 
