@@ -5,6 +5,7 @@ form are refused naming the path of the value; json_default takes the rest."""
 from __future__ import annotations
 
 import enum
+import re
 import subprocess
 import sys
 import uuid
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -340,3 +342,34 @@ def test_the_library_does_not_import_pydantic() -> None:
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.split() == ["InvalidPayload", "False"]
+
+
+def test_the_examples_of_docs_input_run() -> None:
+    """docs/input.md, Payloads: its Python blocks, in order, in one namespace."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "input.md").read_text()
+    section = doc.split("\n## Payloads\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 2
+    namespace: dict[str, Any] = {}
+    for block in blocks:
+        exec(compile(block, "docs/input.md", "exec"), namespace)
+
+
+def test_the_refusal_docs_input_shows_is_the_one_raised() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "input.md").read_text()
+    naive = Order(ID, [Line("A-1", 1, Decimal(1), at=datetime(2026, 11, 28, 5))])
+    with pytest.raises(InvalidPayload) as err:
+        body({"order": naive})
+    assert f"\n{err.value}\n" in doc
+    with pytest.raises(InvalidPayload) as err:
+        body({"tags": {"a"}})
+    assert f"\n{err.value}\n" in doc
+
+
+def test_json_default_may_decide_for_nan_decimals() -> None:
+    assert body([Decimal("NaN")], json_default=lambda o: None) == b"[null]"
+    rule = refusal([Decimal("-Infinity")], json_default=money)
+    assert rule == (
+        "at payload[0]: a Decimal must be finite (JSON has no NaN or Infinity), got -Infinity "
+        "(json_default raised TypeError: Decimal is not mine)"
+    )
