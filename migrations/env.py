@@ -38,8 +38,9 @@ def configure(**kw: Any) -> None:
 
 def run_online(connection: Connection) -> None:
     # The lock opens the transaction, so Alembic sees it as the caller's and commits
-    # nothing itself: the lock is held until the caller's COMMIT.
-    with migration_lock(connection):
+    # nothing itself: the lock is held until the caller's COMMIT. A transaction that is
+    # the caller's own (an app's revision) gets no lock that would begin or commit one.
+    with migration_lock(connection, caller=context.config.attributes.get("caller", False)):
         # What this run found, under the lock: `outbox migrate` says whether it upgraded.
         context.config.attributes["found"] = revision_of(connection)
         configure(connection=connection, render_as_batch=connection.dialect.name == "sqlite")

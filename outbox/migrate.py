@@ -3,20 +3,33 @@
 ``upgrade(db)`` is what ``outbox migrate`` runs; it is idempotent and safe to run
 from several processes at once on every backend: a lock serialises them (PostgreSQL
 advisory lock, MariaDB ``GET_LOCK``, SQLite's write lock), and the later ones find
-the schema at head.
+the schema at head. Given a ``Connection`` it runs inside the caller's transaction, as
+an app's own Alembic revision needs (``migrate.upgrade(op.get_bind())``).
+
+Two branches: the main line (label ``outbox``) and model B's table (label ``modelb``),
+applied only by ``upgrade(db, model_b=True)`` (``outbox migrate --model-b``) or where the
+database has that table already. Their version table is ``outbox_alembic_version``.
+
+``include_object`` and ``include_name`` are Alembic hooks for an app's own env.py: its
+autogenerate then leaves the outbox's tables alone (docs/alembic.md).
 """
 
 from __future__ import annotations
 
 import importlib.resources
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any, TypeAlias
 
+import alembic.context
+import alembic.op
 from alembic import command
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.script.revision import Revision
 from sqlalchemy import Connection, Engine, inspect, text
+from sqlalchemy.exc import InvalidRequestError
 
 from outbox.engines import engine_from
 from outbox.errors import OutboxError
@@ -26,6 +39,11 @@ from outbox.urls import with_driver
 
 VERSION_TABLE = "outbox_alembic_version"
 MESSAGE_TABLE = "outbox_message"
+MODEL_B_TABLE = "outbox_transaction_record"
+MAIN = "outbox"  # the main line's branch label: `outbox@head`
+MODEL_B = "modelb"  # model B's branch label: `modelb@head`
+# Every table the outbox owns: what an app's autogenerate must leave alone.
+OWNED_TABLES = frozenset({*metadata.tables, VERSION_TABLE})
 # Any number taken only by us; serialises concurrent `outbox migrate` runs on PostgreSQL.
 PG_LOCK_KEY = 0x0B0C5_2024
 LOCK_WAIT_S = 120  # MariaDB: how long a migration waits for another one to finish
@@ -47,38 +65,64 @@ def alembic_config(db: str | Engine | None = None) -> Config:
     return config
 
 
-def upgrade(db: str | Engine, revision: str = "head") -> str | None:
+def upgrade(
+    db: str | Engine | Connection, revision: str = "head", *, model_b: bool = False
+) -> str | None:
     """Upgrade to ``revision``; a foreign ``outbox_message`` or a newer schema is refused.
 
-    Returns the revision found before (None: no tables), read under the migration lock:
-    of concurrent runs, only the one that upgraded sees the old revision.
+    ``head`` is the main line's head, and model B's branch too where ``model_b`` is true
+    or the database has model B's table already. Given a URL or an Engine, it commits
+    its own transaction under the migration lock. Given a Connection, it runs inside
+    the caller's transaction and commits nothing: the caller commits (MariaDB commits
+    each DDL statement itself, whatever the caller does).
+
+    Returns the revision(s) found before (None: no tables), read under the migration
+    lock: of concurrent runs, only the one that upgraded sees the old revision.
     """
     with connected(db) as conn:
         problem = schema_problem(conn)
         if problem is not None and not problem.upgradable:
             raise problem
-        return _run(command.upgrade, conn, revision)
+        target = target_of(conn, revision, model_b)
+        return _run(command.upgrade, conn, target, caller=isinstance(db, Connection))
 
 
-def downgrade(db: str | Engine, revision: str = "base") -> None:
+def downgrade(db: str | Engine | Connection, revision: str = "base") -> None:
+    """Downgrade to ``revision`` (``base``: no outbox tables); a Connection as upgrade()."""
     with connected(db) as conn:
-        _run(command.downgrade, conn, revision)
+        _run(command.downgrade, conn, revision, caller=isinstance(db, Connection))
 
 
-def upgrade_sql(url: str, revision: str = "head") -> None:
+def target_of(conn: Connection, revision: str, model_b: bool) -> str:
+    """The Alembic target ``revision`` means here: ``head`` takes model B's branch along
+    where asked or where the database has its table (an old migrate made it)."""
+    if revision != "head":
+        return revision
+    if model_b or inspect(conn).has_table(MODEL_B_TABLE):
+        return "heads"
+    return f"{MAIN}@head"
+
+
+def upgrade_sql(url: str, revision: str = "head", *, model_b: bool = False) -> None:
     """Print the upgrade as SQL (Alembic's offline mode) instead of running it."""
     url = with_driver(url).render_as_string(hide_password=False)  # postgres://: psycopg's SQL
+    if revision == "head":
+        revision = "heads" if model_b else f"{MAIN}@head"
     command.upgrade(alembic_config(url), revision, sql=True)
 
 
-def current_revision(db: str | Engine) -> str | None:
+def current_revision(db: str | Engine | Connection) -> str | None:
+    """The schema's revision (``0007``; ``0007 + modelb_0001`` with model B's branch)."""
     with connected(db) as conn:
         return revision_of(conn)
 
 
 @contextmanager
-def connected(db: str | Engine) -> Iterator[Connection]:
+def connected(db: str | Engine | Connection) -> Iterator[Connection]:
     """A connection to ``db``; an engine made here from a URL is disposed afterwards."""
+    if isinstance(db, Connection):
+        yield db
+        return
     engine = engine_from(db)
     try:
         with engine.connect() as conn:
@@ -88,9 +132,14 @@ def connected(db: str | Engine) -> Iterator[Connection]:
             engine.dispose()
 
 
-def revision_of(conn: Connection) -> str | None:
+def heads_of(conn: Connection) -> tuple[str, ...]:
+    """The revisions in the version table: one per branch the database has."""
     context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-    return context.get_current_revision()
+    return tuple(sorted(context.get_current_heads()))
+
+
+def revision_of(conn: Connection) -> str | None:
+    return " + ".join(heads_of(conn)) or None
 
 
 class SchemaProblem(SchemaError):
@@ -99,11 +148,12 @@ class SchemaProblem(SchemaError):
         self.upgradable = upgradable  # `outbox migrate` is the cure
 
 
-def schema_problem(conn: Connection) -> SchemaProblem | None:
+def schema_problem(conn: Connection, model_b: bool = False) -> SchemaProblem | None:
     """What keeps this database's schema from being the one this package expects, if anything.
 
     Each case has its own cure, so each has its own message: no table (migrate), a
     table another tool made (not ours to touch), behind (migrate), ahead (upgrade).
+    ``model_b``: model B's branch must be at its head too (`outbox migrate --model-b`).
     """
     where = url_of(conn.engine)
     names = set(inspect(conn).get_table_names())
@@ -115,22 +165,42 @@ def schema_problem(conn: Connection) -> SchemaProblem | None:
             f"{VERSION_TABLE}); use another database or schema, or rename that table",
             False,
         )
-    revision, script = revision_of(conn), ScriptDirectory.from_config(alembic_config())
-    head = script.get_current_head()
+    heads, script = heads_of(conn), script_directory()
+    head = script.get_revision(f"{MAIN}@head")
     known = {r.revision for r in script.walk_revisions()}
-    if revision is not None and revision not in known:
+    if newer := [h for h in heads if h not in known]:
         return SchemaProblem(
-            f"the outbox schema in {where} is at revision {revision}, newer than this "
-            f"outbox-relay knows (head {head}): upgrade outbox-relay",
+            f"the outbox schema in {where} is at revision {' + '.join(newer)}, newer than "
+            f"this outbox-relay knows (head {head.revision}): upgrade outbox-relay",
             False,
         )
-    if revision != head:
+    done = applied(heads, script)
+    if head.revision not in done:
+        at = next((r for r, rev in done.items() if MODEL_B not in rev.branch_labels), "none")
         return SchemaProblem(
-            f"the outbox schema in {where} is at revision {revision or 'none'}, this "
-            f"outbox-relay needs {head}: run `outbox migrate`",
+            f"the outbox schema in {where} is at revision {at}, this outbox-relay needs "
+            f"{head.revision}: run `outbox migrate`",
+            True,
+        )
+    model_b_head = script.get_revision(f"{MODEL_B}@head").revision
+    if model_b and model_b_head not in done:
+        return SchemaProblem(
+            f"model B's branch of the outbox schema in {where} is not at {model_b_head} "
+            f"(its table {MODEL_B_TABLE}): run `outbox migrate --model-b`",
             True,
         )
     return missing_columns(conn, where)
+
+
+def script_directory() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config())
+
+
+def applied(heads: tuple[str, ...], script: ScriptDirectory) -> dict[str, Revision]:
+    """Every revision the version table's heads stand for (their ancestors and what they
+    depend on: a head of model B's branch may stand for the main line's 0002), newest
+    first."""
+    return {r.revision: r for r in script.iterate_revisions(heads, "base")} if heads else {}
 
 
 def missing_columns(conn: Connection, where: str) -> SchemaProblem | None:
@@ -145,21 +215,25 @@ def missing_columns(conn: Connection, where: str) -> SchemaProblem | None:
     )
 
 
-def require_schema(db: str | Engine) -> None:
+def require_schema(db: str | Engine | Connection, model_b: bool = False) -> None:
     """Raise the schema's problem, if it has one, before a command relies on it."""
     with connected(db) as conn:
-        problem = schema_problem(conn)
+        problem = schema_problem(conn, model_b)
     if problem is not None:
         raise problem
 
 
 @contextmanager
-def migration_lock(conn: Connection) -> Iterator[None]:
-    """Serialise migrations: a second `outbox migrate` waits, then finds the schema at head."""
+def migration_lock(conn: Connection, caller: bool = False) -> Iterator[None]:
+    """Serialise migrations: a second `outbox migrate` waits, then finds the schema at head.
+
+    ``caller``: the transaction is the caller's, so nothing here may commit or begin one:
+    PostgreSQL's lock waits for the caller's COMMIT; SQLite's write lock is the caller's.
+    """
     backend = conn.dialect.name
     if backend == "postgresql":  # released by the migration's COMMIT
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PG_LOCK_KEY})
-    elif backend == "sqlite":  # the write lock, till COMMIT; the others wait their busy timeout
+    elif backend == "sqlite" and not caller:  # the write lock, till COMMIT; others wait
         conn.exec_driver_sql("BEGIN IMMEDIATE")
     if backend not in ("mysql", "mariadb"):
         yield
@@ -171,17 +245,84 @@ def migration_lock(conn: Connection) -> Iterator[None]:
         raise SchemaError(f"another `outbox migrate` held the lock for {LOCK_WAIT_S} s")
     try:
         yield
-        conn.commit()  # the version row, before the next one reads it
+        if not caller:
+            conn.commit()  # the version row, before the next one reads it
     finally:
         conn.execute(text(f"SELECT RELEASE_LOCK({name})"))
 
 
-def _run(cmd: object, conn: Connection, revision: str) -> str | None:
-    """Run an Alembic command on ``conn``; the revision env.py found under the lock."""
-    conn.rollback()  # the checks' reads: the migration starts its own transaction (and lock)
+def _run(cmd: object, conn: Connection, revision: str, caller: bool = False) -> str | None:
+    """Run an Alembic command on ``conn``; the revision env.py found under the lock.
+
+    ``caller``: inside the caller's transaction, which may be an app's own Alembic run.
+    """
+    if not caller:
+        conn.rollback()  # the checks' reads: the migration starts its own transaction (and lock)
     config = alembic_config()
     config.attributes["connection"] = conn
-    cmd(config, revision)  # type: ignore[operator]
-    conn.commit()
+    config.attributes["caller"] = caller
+    with app_alembic_kept():
+        cmd(config, revision)  # type: ignore[operator]
+    if not caller:
+        conn.commit()
     found: str | None = config.attributes.get("found")
     return found
+
+
+@contextmanager
+def app_alembic_kept() -> Iterator[None]:
+    """Run from an app's revision, our Alembic run nests in the app's, and on leaving it
+    removes the module proxies ``alembic.context`` and ``alembic.op`` (the app's too):
+    they are put back, so that the app's revision and env.py go on."""
+    proxies = [getattr(module, "_proxy", None) for module in (alembic.context, alembic.op)]
+    try:
+        yield
+    finally:
+        for proxy in proxies:
+            if proxy is not None:
+                proxy._install_proxy()
+
+
+# Alembic's hooks, for an app's env.py (or Flask-Migrate's Migrate(..., include_object=)).
+IncludeObject: TypeAlias = Callable[[Any, "str | None", str, bool, Any], bool]
+
+
+def include_object(
+    object: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
+    """Alembic's ``include_object`` hook: False for the outbox's tables and for their
+    columns, indexes and constraints; True for everything else (the app's own)."""
+    if type_ == "table":
+        return name not in OWNED_TABLES
+    return table_of(object) not in OWNED_TABLES
+
+
+def include_name(name: str | None, type_: str, parent_names: Mapping[Any, str | None]) -> bool:
+    """Alembic's ``include_name`` hook (what autogenerate reflects): False for the
+    outbox's tables and for their columns, indexes and constraints; True otherwise."""
+    if type_ == "schema":
+        return True
+    if type_ == "table":
+        return name not in OWNED_TABLES
+    return parent_names.get("table_name") not in OWNED_TABLES
+
+
+def excluding_outbox(app_include_object: IncludeObject) -> IncludeObject:
+    """The app's own ``include_object``, asked only about what is not the outbox's."""
+
+    def hook(object: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        return include_object(object, name, type_, reflected, compare_to) and app_include_object(
+            object, name, type_, reflected, compare_to
+        )
+
+    return hook
+
+
+def table_of(item: object) -> str | None:
+    """The name of the table a column, index or constraint belongs to, if any."""
+    try:
+        table = getattr(item, "table", None)
+    except InvalidRequestError:  # a constraint attached to no table
+        return None
+    name = getattr(table, "name", None)
+    return name if isinstance(name, str) else None

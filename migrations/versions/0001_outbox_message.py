@@ -14,7 +14,8 @@ from outbox.table import id_type, payload_type, session_now, time_type
 
 revision = "0001"
 down_revision = None
-branch_labels = None
+# The main line: `outbox@head` is its head (model B's table has its own branch, "modelb").
+branch_labels = ("outbox",)
 depends_on = None
 
 

@@ -14,19 +14,19 @@ import os
 import sys
 
 from outbox import Outbox
+from outbox.errors import ConfigError
 from outbox.settings import Settings
 from relay.cli.common import UsageError
 
 FLAG = "--app"
 
 
-def add_app_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        FLAG,
-        metavar="MODULE:ATTR",
-        help="take --db, --broker and every setting from the app's own Outbox (an Outbox, "
-        "or a callable returning one), e.g. myshop.outbox:ob; flags still win",
-    )
+APP_HELP = ("take --db, --broker and every setting from the app's own Outbox (an Outbox, "
+            "or a callable returning one), e.g. myshop.outbox:ob; flags still win")  # fmt: skip
+
+
+def add_app_flag(parser: argparse.ArgumentParser, text: str = APP_HELP) -> None:
+    parser.add_argument(FLAG, metavar="MODULE:ATTR", help=text)
 
 
 def use_app(args: argparse.Namespace) -> Settings | None:
@@ -36,8 +36,8 @@ def use_app(args: argparse.Namespace) -> Settings | None:
         return None
     ob = load_app(spec)
     if args.db is None:
-        args.db = ob.engine.url.render_as_string(hide_password=False)
-    if args.broker is None:
+        args.db = app_db(ob, spec)
+    if getattr(args, "broker", "") is None:  # `outbox migrate` has no --broker
         if ob.broker_url is None and ob.broker is not None:  # an object lives in its process
             raise UsageError(
                 f"{FLAG}: the app's Outbox has a {type(ob.broker).__name__} object, not a "
@@ -45,6 +45,20 @@ def use_app(args: argparse.Namespace) -> Settings | None:
             )
         args.broker = ob.broker_url
     return ob.settings
+
+
+def app_db(ob: Outbox, spec: str) -> str:
+    """The URL of the app's database; an Outbox built without one (bound later, in the
+    app's factory) has none to give here."""
+    try:
+        url: str = ob.engine.url.render_as_string(hide_password=False)
+    except ConfigError:  # not bound yet
+        raise UsageError(
+            f"{FLAG}: the Outbox {spec!r} is not bound to a database (it is bound later, "
+            "e.g. by ob.bind(engine) in the app's factory): give --db URL, or name a "
+            "callable that returns a bound Outbox"
+        ) from None
+    return url
 
 
 def load_app(spec: str) -> Outbox:

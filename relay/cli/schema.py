@@ -14,6 +14,7 @@ from sqlalchemy import Connection, Engine
 from outbox import migrate
 from outbox.secrets import mask_url
 from relay import store
+from relay.cli.app import add_app_flag
 from relay.cli.common import (
     EXIT_DEAD,
     EXIT_OK,
@@ -22,13 +23,13 @@ from relay.cli.common import (
     add_db_flag,
     database,
     msg_id,
-    positive_int,
 )
 from relay.cli.progress import counting
 from relay.display import duration, safe
-from spark_jobs.flags import seconds
+from spark_jobs.flags import SLA_SECONDS, bounded_int
 
 BLOCKED_LISTED = 20  # blocked keys `outbox status` lists; the rest are counted
+BLOCKED_LIMIT = bounded_int(1, 10_000)  # --blocked-limit: a page, not the whole table
 COUNTS = ("pending", "stuck", "dead", "skipped", "blocked_keys", "scheduled", "canceled",
           "sent_1m", "sent_1h")  # fmt: skip
 # The table's columns; next_due is shown as "in 12s" (--json: an ISO time and next_due_in_s).
@@ -41,10 +42,19 @@ def add_migrate(commands: Commands) -> None:
     mig = commands.add_parser(
         "migrate",
         help="create or upgrade the outbox tables (idempotent)",
-        description="Upgrade the outbox tables to the newest schema. Safe to run again.",
+        description="Upgrade the outbox tables to the newest schema. Safe to run again. "
+        "Model B's table (outbox_transaction_record) is made only with --model-b; a "
+        "database that has it already keeps it, upgraded.",
     )
     add_db_flag(mig)
+    add_app_flag(mig, "take --db and the settings from the app's own Outbox (an Outbox, or "
+                 "a callable returning one), e.g. myshop.outbox:ob; flags still win")  # fmt: skip
     mig.add_argument("--revision", default="head", help="target revision (default: head)")
+    mig.add_argument(
+        "--model-b",
+        action="store_true",
+        help="also create or upgrade model B's table (its own branch, `modelb`)",
+    )
     mig.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
 
 
@@ -63,19 +73,20 @@ def add_status(commands: Commands) -> None:
     add_db_flag(st)
     st.add_argument(
         "--sla",
-        type=seconds,
+        type=SLA_SECONDS,
         default=SLA_S,
         metavar="SECONDS",
-        help=f"seconds a due message may wait before it is stuck (default {SLA_S:g}, as "
-        "`outbox reconcile --sla`)",
+        help=f"seconds a due message may wait before it is stuck ({SLA_SECONDS.range}, "
+        f"default {SLA_S:g}, as `outbox reconcile --sla`)",
     )
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument(
         "--blocked-limit",
-        type=positive_int,
+        type=BLOCKED_LIMIT,
         default=BLOCKED_LISTED,
         metavar="N",
-        help=f"blocked keys to list at most (default {BLOCKED_LISTED}; the rest are counted)",
+        help=f"blocked keys to list at most ({BLOCKED_LIMIT.range}, default {BLOCKED_LISTED}; "
+        "the rest are counted)",
     )
 
 
@@ -103,14 +114,16 @@ def add_requeue(commands: Commands) -> None:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    if args.model_b and args.revision != "head":
+        raise UsageError("--model-b upgrades both branches to their heads: leave out --revision")
     if args.sql:
-        migrate.upgrade_sql(args.db, args.revision)
+        migrate.upgrade_sql(args.db, args.revision, model_b=args.model_b)
         return EXIT_OK
     engine = database(args)
     try:
-        before = migrate.upgrade(engine, args.revision)
-        if args.revision == "head":
-            migrate.require_schema(engine)  # at head, yet columns missing: say so
+        before = migrate.upgrade(engine, args.revision, model_b=args.model_b)
+        if args.revision == "head":  # at head, yet columns missing: say so
+            migrate.require_schema(engine, model_b=args.model_b)
         after = migrate.current_revision(engine)
     finally:
         engine.dispose()

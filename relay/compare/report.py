@@ -267,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with scratch_schema(args.db, "compare") as db, broker(args.broker) as (url, server):
-        migrate.upgrade(db)
+        migrate.upgrade(db, model_b=True)  # model B's table too
         results = list(run_models(db, url, server, workload, step, counted))
         step("exporting both models' ledgers and broker logs")
         inputs = {r.model: export_inputs(db, url, r, out / r.model) for r in results}

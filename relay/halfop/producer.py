@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.orm import sessionmaker
 
+from outbox import migrate
 from outbox.engines import engine_from
 from outbox.errors import ConfigError
 from outbox.message import build_message
@@ -224,7 +225,9 @@ class SqlTransactionListener(TransactionListener):
 
     ``work(session, msg, arg)`` is the app's local transaction. The listener writes
     one row (the transaction id) in the same transaction, so afterwards the row
-    exists if and only if the local transaction committed. Check-back then answers:
+    exists if and only if the local transaction committed (its table,
+    ``outbox_transaction_record``, is created here if missing: ``outbox migrate
+    --model-b``, on the database's own migration lock). Check-back then answers:
     COMMIT when the row exists; ROLLBACK when it does not and the half is older than
     ``rollback_after_s`` (the local transaction cannot still be running: keep this
     above your longest transaction); UNKNOW otherwise (ask again later).
@@ -239,6 +242,7 @@ class SqlTransactionListener(TransactionListener):
         rollback_after_s: float = 60.0,
     ) -> None:
         self.engine = engine_from(db)
+        migrate.upgrade(self.engine, model_b=True)  # model B's first use makes its table
         self.sessions = sessionmaker(self.engine)
         self.work = work
         self.group = group

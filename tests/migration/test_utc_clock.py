@@ -12,6 +12,7 @@ from sqlalchemy.pool import NullPool
 
 from outbox import migrate
 from outbox.errors import ConfigError
+from tests.migration.test_model_b_branch import at_old_0002
 
 ZONE_ENV = "OUTBOX_MIGRATE_FROM_TIME_ZONE"
 HOUR = timedelta(hours=1)
@@ -32,8 +33,9 @@ def in_zone(url: str, zone: str) -> Engine:
 
 @pytest.fixture
 def at_0002(mariadb_url: str) -> Iterator[Engine]:
-    """A MariaDB database at revision 0002 and an app engine in +01:00 writing to it."""
-    migrate.upgrade(mariadb_url, "0002")
+    """A MariaDB database at revision 0002 (model B's table included, as 0002 made it then)
+    and an app engine in +01:00 writing to it."""
+    at_old_0002(mariadb_url)
     engine = in_zone(mariadb_url, "+01:00")
     yield engine
     engine.dispose()
