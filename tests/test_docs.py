@@ -5,16 +5,18 @@ The other commands the docs show are run by tests: `make demo` (acceptance/test_
 `python -m examples.webapp` and its POST (acceptance/test_webapp), the metrics scrape
 (acceptance/test_relay_metrics), the nightly job (spark/test_end_to_end), `outbox
 compare` (spark/test_end_to_end) and the README's Python example (test_readme); the
-testing guide's example runs here.
+testing guide's examples run here, as a user's pytest suite.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -69,12 +71,38 @@ def test_relative_links_resolve() -> None:
     assert not broken
 
 
-def test_the_testing_guide_runs_as_a_users_test(tmp_path: Path) -> None:
-    """docs/testing.md: its Python block is a user's pytest module; its test passes."""
-    [block] = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "testing.md").read_text(), re.S)
-    scope: dict[str, Any] = {}
-    exec(compile(block, "docs/testing.md", "exec"), scope)
-    tests = [name for name in scope if name.startswith("test_")]
-    assert tests
-    for name in tests:
-        scope[name](tmp_path)
+def guide_files() -> dict[str, str]:
+    """docs/testing.md's Python blocks as the files of a user's test suite: a block whose
+    first line is ``# NAME.py...`` goes into NAME.py (after the blocks before it of that
+    name), one without into test_guide.py."""
+    files: dict[str, str] = {}
+    for block in re.findall(
+        r"```python\n(.*?)```", (ROOT / "docs" / "testing.md").read_text(), re.S
+    ):
+        named = re.match(r"# (\w+\.py)\b", block)
+        name = named.group(1) if named else "test_guide.py"
+        files[name] = files.get(name, "") + block + "\n"
+    return files
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_the_testing_guide_runs_as_a_users_test_suite(
+    database: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """docs/testing.md: its Python blocks are a user's app and pytest suite (the app,
+    conftest.py, the tests), run by pytest in a process of their own; every test passes,
+    on SQLite and on PostgreSQL (TEST_DATABASE_URL, as the recipe reads it)."""
+    files = guide_files()
+    assert {"shop.py", "conftest.py", "test_shop.py", "test_guide.py"} <= set(files)
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    if database == "postgresql":
+        env["TEST_DATABASE_URL"] = str(request.getfixturevalue("pg_url"))
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
+         "error::sqlalchemy.exc.SAWarning", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    tests = sum(len(re.findall(r"^def test_", t, re.M)) for t in files.values())
+    assert run.returncode == 0 and f"{tests} passed" in run.stdout, run.stdout + run.stderr
