@@ -1,4 +1,4 @@
-"""The async path under load: examples/fastapi_app under uvicorn, PostgreSQL (asyncpg), nats-server.
+"""The async path under load: examples/fastapi_async under uvicorn, PostgreSQL, nats-server.
 
 Run with `make bench` (or `python -m bench.async_app --seconds 5`). Every figure is
 measured in this run:
@@ -35,7 +35,7 @@ from sqlalchemy import make_url
 
 from bench.fast_path import bench_schema, pct
 from bench.report import print_rows
-from examples.fastapi_app.app import create_app
+from examples.fastapi_async.app import create_app, prepare
 from outbox import Outbox
 from outbox.events import RelayListener, Sent
 from relay.testing.embedded import NatsServer, free_port
@@ -142,6 +142,7 @@ def paced(port: int, rate: float, seconds: float, clients: int) -> dict[str, Any
 def serving(db: str, broker: str, latencies: Latencies) -> Iterator[tuple[int, Outbox]]:
     """The example app under uvicorn on a thread, its relay started; its port and outbox."""
     app = create_app(db, broker)
+    prepare()  # the example's table and the outbox's
     ob: Outbox = app.state.outbox
     ob.add_listener(latencies)
     port = free_port()
@@ -238,7 +239,7 @@ def print_table(
          f"{pct(load['waits'], 50):.2f} / {pct(load['waits'], 99):.2f}", "queueing included"),
         ("replies other than 201", f"{refused}", "must be 0"),
     ]  # fmt: skip
-    title = f"async path: examples/fastapi_app under uvicorn (1 worker), {args.driver}, "
+    title = f"async path: examples/fastapi_async under uvicorn (1 worker), {args.driver}, "
     title += f"{args.clients} clients for throughput, {args.seconds:.0f} s with and without "
     title += f"send() in {args.rounds} alternations, {2 * args.seconds:.0f} s paced, "
     title += f"{os.cpu_count()} CPUs shared by clients, app, PostgreSQL and NATS"

@@ -39,7 +39,8 @@ Served = dict[str, int]  # msg_id -> pid of the worker that answered 201
 
 
 def serve(command: list[str], db: str, broker: str, port: int) -> subprocess.Popen[str]:
-    env = {**os.environ, "OUTBOX_DB": db, "OUTBOX_BROKER": broker}
+    env = {**os.environ, "OUTBOX_DB": db, "OUTBOX_BROKER": broker,
+           "OUTBOX_SWEEPER_AGE_S": str(SWEEPER_AGE_S)}  # fmt: skip
     server = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,  # the workers end with their server, whatever happens here
@@ -116,7 +117,7 @@ def test_gunicorn_preload_with_3_workers_delivers_every_message_once_by_the_fast
     that exits stops its own relay only: the one forked in its place delivers too, and
     the master (whose sweeper uses its pool every second) logs no error."""
     port = free_port()
-    app = f"examples.webapp.app:from_env(sweeper_age_s={SWEEPER_AGE_S})"
+    app = "tests.acceptance.prefork_apps:flask_app()"
     command = [sys.executable, "-m", "gunicorn", "--preload", "-w", "3", "-b",
                f"127.0.0.1:{port}", app]  # fmt: skip
     server = serve(command, pg_url, broker, port)

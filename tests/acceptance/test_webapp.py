@@ -1,11 +1,12 @@
-"""The web example: Flask's test client and a real server, real PostgreSQL and nats-server."""
+"""The Flask example for real: `python -m examples.webapp` (Flask's threaded server), real
+PostgreSQL and nats-server. Its own tests (test client, MemoryBroker) are
+tests/examples/test_webapp.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import re
 import subprocess
 import sys
 import urllib.error
@@ -17,12 +18,11 @@ from typing import Any
 
 import httpx
 import pytest
-from flask import Flask
 from hypothesis import HealthCheck, event, given, settings
 from nats.js.errors import NotFoundError
 from sqlalchemy import Engine, create_engine, func, select
 
-from examples.webapp.app import create_app, inbound
+from examples.webapp.models import Inbound
 from outbox.table import outbox_message
 from relay.brokers.nats import read_stream
 from relay.testing.embedded import NatsServer, free_port
@@ -32,18 +32,10 @@ from tests.helpers import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def app(pg_url: str, nats_server: NatsServer, stream: tuple[str, str]) -> Iterator[Flask]:
-    name, _ = stream
-    app = create_app(pg_url, f"{nats_server.url}?stream={name}&subjects=warehouse.>")
-    yield app
-    app.extensions["outbox"].stop()
-
-
 def rows(pg_url: str) -> int:
     engine = create_engine(pg_url)
     with engine.connect() as conn:
-        found = conn.execute(select(func.count()).select_from(inbound)).scalar_one()
+        found = conn.execute(select(func.count()).select_from(Inbound)).scalar_one()
     engine.dispose()
     return int(found)
 
@@ -54,63 +46,6 @@ def stored(server: NatsServer, name: str) -> list[Any]:
         return asyncio.run(read_stream(server.url, name))
     except NotFoundError:
         return []
-
-
-def test_a_delivery_is_recorded_and_announced_once(
-    app: Flask, pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
-) -> None:
-    reply = app.test_client().post("/inbound", json={"sku": "A-100", "quantity": 12, "dock": "D1"})
-    assert reply.status_code == 201, reply.get_json()
-    body = reply.get_json()
-    wait_until(lambda: len(stored(nats_server, stream[0])) == 1, what="the message published")
-    [message] = stored(nats_server, stream[0])
-    assert message.msg_id == body["msg_id"] and message.subject == "warehouse.inbound"
-    assert json.loads(message.data) == {"id": body["id"], "sku": "A-100", "quantity": 12}
-    assert message.headers["Outbox-Key"] == "A-100" and rows(pg_url) == 1
-
-
-def test_metrics_show_what_the_apps_own_relay_published(app: Flask) -> None:
-    """The README's example: right after a request, /metrics counts the fast path's send."""
-    client = app.test_client()
-    assert client.post("/inbound", json={"sku": "A-7", "quantity": 3}).status_code == 201
-
-    def sent_fast() -> float:
-        text = client.get("/metrics").get_data(as_text=True)
-        found = re.search(r'^outbox_messages_sent_total\{path="fast"\} (\S+)$', text, re.M)
-        return float(found.group(1)) if found else 0.0
-
-    wait_until(lambda: sent_fast() == 1.0, what="sent_total{path=fast} 1.0")
-
-
-@pytest.mark.parametrize(
-    ("body", "status", "error"),
-    [
-        ({"sku": "", "quantity": 1}, 422, "sku"),
-        ({"sku": "A-1", "quantity": 0}, 422, "quantity"),
-        ({"sku": "A-1", "quantity": True}, 422, "quantity"),
-        ([1, 2], 422, "body"),
-        ({"sku": "A-1\x00", "quantity": 1}, 422, "sku"),
-        ({"sku": "A-1", "quantity": 2**31}, 422, "quantity"),
-        ({"sku": "A-1", "quantity": 5, "dock": "D9"}, 409, "closed"),
-    ],
-)
-def test_refused_and_rolled_back_requests_leave_no_row_and_no_message(
-    app: Flask,
-    pg_url: str,
-    nats_server: NatsServer,
-    stream: tuple[str, str],
-    body: Any,
-    status: int,
-    error: str,
-) -> None:
-    client = app.test_client()
-    reply = client.post("/inbound", json=body)
-    assert reply.status_code == status and error in reply.get_json()["error"]
-    # A good request after it: only its own row and message exist.
-    assert client.post("/inbound", json={"sku": "OK", "quantity": 1}).status_code == 201
-    wait_until(lambda: len(stored(nats_server, stream[0])) >= 1, what="the good message")
-    assert [json.loads(m.data)["sku"] for m in stored(nats_server, stream[0])] == ["OK"]
-    assert rows(pg_url) == 1
 
 
 def post(port: int, body: dict[str, Any]) -> int:
@@ -179,7 +114,7 @@ def pg_engine(pg_url: str) -> Iterator[Engine]:
 def written(engine: Engine) -> tuple[int, int]:
     """How many business rows and outbox rows exist."""
     with engine.connect() as conn:
-        rows = conn.execute(select(func.count()).select_from(inbound)).scalar_one()
+        rows = conn.execute(select(func.count()).select_from(Inbound)).scalar_one()
         messages = conn.execute(select(func.count()).select_from(outbox_message)).scalar_one()
     return int(rows), int(messages)
 
@@ -217,9 +152,9 @@ def test_any_body_gets_201_409_or_422_and_only_a_201_writes(
     assert reply.status_code == expected_status(body), (body, reply.text[:300])
     event(f"answered {reply.status_code}")  # --hypothesis-show-statistics: the mix
     if reply.status_code == 201:
-        stored_row = select(inbound.c.sku, inbound.c.quantity, inbound.c.dock)
+        stored_row = select(Inbound.sku, Inbound.quantity, Inbound.dock)
         with pg_engine.connect() as conn:
-            row = conn.execute(stored_row.where(inbound.c.id == reply.json()["id"])).one()
+            row = conn.execute(stored_row.where(Inbound.id == reply.json()["id"])).one()
         assert tuple(row) == (body["sku"], body["quantity"], body.get("dock", "D1"))
         assert written(pg_engine) == (before[0] + 1, before[1] + 1)
     else:
@@ -228,23 +163,21 @@ def test_any_body_gets_201_409_or_422_and_only_a_201_writes(
         assert reply.json()["field"] in {"sku", "quantity", "dock"}
 
 
-def test_a_database_error_past_the_validation_is_a_422_not_a_500(
-    pg_url: str, nats_server: NatsServer, stream: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+def test_a_deploy_migrates_with_the_cli_and_starts_no_relay_there(
+    pg_url: str, nats_server: NatsServer, stream: tuple[str, str]
 ) -> None:
-    """The last resort: with the validation switched off, PostgreSQL's refusal of a NUL
-    and of 2**31 is answered 422 (logged as a validation bug), never a 500."""
-    import examples.webapp.app as webapp
-
-    app = create_app(pg_url, f"{nats_server.url}?stream={stream[0]}&subjects=warehouse.>")
-    try:
-        monkeypatch.setattr(webapp, "parse", lambda body: webapp.Delivery(**body))
-        client = app.test_client()
-        for body in ({"sku": "A\x00", "quantity": 1, "dock": "D1"},
-                     {"sku": "A", "quantity": 2**31, "dock": "D1"}):  # fmt: skip
-            reply = client.post("/inbound", json=body)
-            assert reply.status_code == 422, reply.get_data(as_text=True)
-            assert "database refused" in reply.get_json()["error"]
-            assert "\x00" not in reply.get_data(as_text=True)  # nothing of the SQL echoed
-        assert rows(pg_url) == 0
-    finally:
-        app.extensions["outbox"].stop()
+    """A deploy's steps, as commands: `outbox migrate`, then `flask db upgrade` and `flask db
+    check` with OUTBOX_START_RELAY=false (the factory runs in each, its start() starts
+    nothing). The schema is at head and the app's history sees nothing to add."""
+    broker = f"{nats_server.url}?stream={stream[0]}&subjects=warehouse.>"
+    env = {**os.environ, "OUTBOX_DB": pg_url, "OUTBOX_BROKER": broker,
+           "OUTBOX_START_RELAY": "false"}  # fmt: skip
+    flask = [sys.executable, "-m", "flask", "--app", "examples.webapp.app", "db"]
+    outbox = str(Path(sys.executable).with_name("outbox"))
+    for command in ([outbox, "migrate"], [*flask, "upgrade"], [*flask, "check"]):
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert done.returncode == 0, (command, done.stdout, done.stderr)
+        assert "Traceback" not in done.stderr, done.stderr
+    assert rows(pg_url) == 0  # the app's table, made by its own history
+    assert stored(nats_server, stream[0]) == []  # no relay made the stream

@@ -1,4 +1,6 @@
-"""The async web example for real: uvicorn on a free port, httpx, PostgreSQL and nats-server."""
+"""The async FastAPI example for real: uvicorn on a free port, httpx, PostgreSQL and nats-server.
+
+Its own tests (AsyncClient, MemoryBroker) are tests/examples/test_fastapi_async.py."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from sqlalchemy import Engine, create_engine, func, make_url, select
 
-from examples.webapp.app import inbound
+from examples.fastapi_async.models import Inbound
 from outbox.table import outbox_message
 from relay.brokers.nats import read_stream
 from relay.testing.embedded import NatsServer, free_port
@@ -30,14 +32,14 @@ REQUESTS = 1000
 
 @pytest.fixture
 def service(pg_url: str, nats_server: NatsServer, stream: tuple[str, str]) -> Iterator[str]:
-    """`python -m examples.fastapi_app` on asyncpg and a free port; its base URL."""
+    """`python -m examples.fastapi_async` on asyncpg and a free port; its base URL."""
     port = free_port()
     db = make_url(pg_url).set(drivername="postgresql+asyncpg")
     broker = f"{nats_server.url}?stream={stream[0]}&subjects=warehouse.>"
     env = {**os.environ, "OUTBOX_DB": db.render_as_string(hide_password=False),
            "OUTBOX_BROKER": broker}  # fmt: skip
     server = subprocess.Popen(
-        [sys.executable, "-m", "examples.fastapi_app", "--port", str(port)],
+        [sys.executable, "-m", "examples.fastapi_async", "--port", str(port)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
@@ -86,7 +88,7 @@ def sent_and_pending(pg_url: str) -> tuple[set[int], int]:
     """The business rows' ids, and how many outbox rows are not yet marked sent."""
     engine = create_engine(pg_url)
     with engine.connect() as conn:
-        ids = set(conn.execute(select(inbound.c.id)).scalars())
+        ids = set(conn.execute(select(Inbound.id)).scalars())
         pending = conn.execute(
             select(func.count()).where(outbox_message.c.status != "sent")
         ).scalar_one()
@@ -148,7 +150,7 @@ def test_refused_and_rolled_back_requests_leave_no_row_and_no_message(
 def written(engine: Engine) -> tuple[int, int]:
     """How many business rows and outbox rows exist."""
     with engine.connect() as conn:
-        rows = conn.execute(select(func.count()).select_from(inbound)).scalar_one()
+        rows = conn.execute(select(func.count()).select_from(Inbound)).scalar_one()
         messages = conn.execute(select(func.count()).select_from(outbox_message)).scalar_one()
     return int(rows), int(messages)
 
@@ -192,9 +194,9 @@ def test_any_body_gets_201_409_or_422_and_only_a_201_writes(
     assert reply.status_code == expected_status(body), (body, reply.text[:300])
     event(f"answered {reply.status_code}")  # --hypothesis-show-statistics: the mix
     if reply.status_code == 201:
-        stored = select(inbound.c.sku, inbound.c.quantity, inbound.c.dock)
+        stored = select(Inbound.sku, Inbound.quantity, Inbound.dock)
         with pg_engine.connect() as conn:
-            row = conn.execute(stored.where(inbound.c.id == reply.json()["id"])).one()
+            row = conn.execute(stored.where(Inbound.id == reply.json()["id"])).one()
         assert tuple(row) == (body["sku"], body["quantity"], body.get("dock", "D1"))
         assert written(pg_engine) == (before[0] + 1, before[1] + 1)
     else:

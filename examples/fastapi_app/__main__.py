@@ -1,3 +1,0 @@
-from examples.fastapi_app.app import main
-
-main()

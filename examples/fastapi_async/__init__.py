@@ -1,0 +1,1 @@
+"""Warehouse inbound on FastAPI, async: an ``AsyncSession`` injected per request."""

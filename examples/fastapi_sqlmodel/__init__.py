@@ -1,0 +1,1 @@
+"""Warehouse inbound on FastAPI + SQLModel: a sync ``Session`` injected per request."""
