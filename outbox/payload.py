@@ -40,7 +40,7 @@ _UNKNOWN = object()  # builtin_form() of a type the library does not encode itse
 # Values in error messages: cut short, and safe from a __repr__ that raises.
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 80
-shown = _repr.repr
+_shown = _repr.repr
 
 
 class Refused(Exception):
@@ -143,7 +143,7 @@ def refused_rule(obj: object) -> str | None:
     """The rule a value of a type builtin_form() knows breaks, None for other types."""
     if isinstance(obj, datetime):  # builtin_form() took every aware one
         return (
-            f"{NAIVE_RULE}; got the naive {shown(obj)}: give it one, e.g. "
+            f"{NAIVE_RULE}; got the naive {_shown(obj)}: give it one, e.g. "
             ".replace(tzinfo=UTC), or decide for naive ones in Outbox(json_default=...)"
         )
     if isinstance(obj, Decimal):
@@ -189,7 +189,8 @@ def find_refused(
     value: object, path: str, json_default: JsonDefault | None, stack: set[int]
 ) -> tuple[str, str] | None:
     """(path, rule) of the first value in ``value`` the encoder refuses, walking the tree
-    in the encoder's own order; None when all of it encodes. Runs only after a refusal."""
+    in the encoder's own order; None when all of it encodes. Runs only after a refusal,
+    and calls ``json_default`` (and ``model_dump``) again on the way."""
     if value is None or isinstance(value, bool | int):
         return None
     if isinstance(value, str):
@@ -214,7 +215,7 @@ def _find_within(
     if isinstance(value, dict):
         for key, item in value.items():
             if not (key is None or isinstance(key, str | int | float)):
-                return path, f"keys must be str, int, float, bool or None, got {shown(key)}"
+                return path, f"keys must be str, int, float, bool or None, got {_shown(key)}"
             if isinstance(key, str) and (found := _check_text(key, f"{path} key {key!r}")):
                 return found
             if found := find_refused(item, f"{path}[{key!r}]", json_default, stack):
