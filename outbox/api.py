@@ -470,6 +470,9 @@ class Outbox:
         """
         engine = self.engine  # unbound: the ConfigError naming bind()
         chosen = None if broker is None or no_broker(broker) else check_broker(broker)
+        running = self._relay is not None and self._relay.running
+        if chosen is None and sweeper is None and running:
+            return  # already started (by a test's fixture, say): nothing to do or tell
         if chosen is None and not self._wanted(broker):
             return
         target = chosen or self.broker

@@ -106,8 +106,9 @@ def test_recording_sees_sends_whose_outer_transaction_rolls_back(
     engine: Engine, connection: Connection
 ) -> None:
     broker = MemoryBroker()
-    ob = Outbox(engine)
+    ob = Outbox(engine)  # no broker of its own
     ob.start(broker=broker, sweeper=False)
+    ob.start()  # the app factory's start() after the fixture's: nothing to do
     try:
         with ob.recording() as sent:
             session = Session(bind=connection, join_transaction_mode="create_savepoint")
