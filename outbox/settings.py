@@ -3,8 +3,9 @@
 Each field carries its default, its help text and the names it is given by:
 ``Outbox(field=...)``, the environment variable ``OUTBOX_<FIELD>`` and the flag
 ``--<field>`` of ``outbox relay`` / ``outbox drain`` (relay.cli.settings_flags builds
-the flags from these fields; ``start_relay``, the app's alone, has none). One function, ``check``, validates a value whichever way
-it came, with one error format: ``field (where it came from): rule, got value``.
+the flags from these fields; ``start_relay``, the app's alone, has none). One function,
+``check``, validates a value whichever way it came (numbers within ``MOST``), with one
+error format: ``field (where it came from): rule, got value``.
 docs/configuration.md is the table of them (tests/unit/test_settings_doc.py keeps it so).
 """
 
@@ -25,6 +26,34 @@ KEYWORD = "keyword"  # the source of a value given in Python: Outbox(...) or Set
 TRUE, FALSE = ("true", "1"), ("false", "0")
 # A source is where a value came from: (value, "keyword" | "OUTBOX_X" | "--flag" | ...).
 Source = tuple[object, str]
+DAY_S = 86400
+LARGEST_PAYLOAD = 2**30  # PostgreSQL's bytea holds 1 GiB at most
+MOST_DELAYS = 1000  # retry_delays_ms: the fast path's attempts of one message
+# Each numeric field's largest value (ints from 1, floats above 0): past any real use, and
+# what the database, the drivers and the clocks still hold (an IN list's parameters,
+# a timedelta, PyMySQL's connect timeout of a year at most). Every numeric field has one.
+MOST: dict[str, float] = {
+    "max_payload_bytes": LARGEST_PAYLOAD,
+    "queue_size": 10_000_000,
+    "retry_delays_ms": DAY_S * 1000,  # each delay
+    "tick_ms": 60_000,
+    "handoff_limit_s": 7 * DAY_S,
+    "sweeper_age_s": 7 * DAY_S,
+    "publish_batch": 10_000,
+    "max_in_flight": 10_000_000,
+    "ack_batch_size": 10_000,  # one statement: a parameter per row
+    "ack_flush_ms": 60_000,
+    "sweep_interval_s": DAY_S,
+    "sweep_batch": 10_000,  # claimed, then marked by id: a parameter per row
+    "max_attempts": 1_000_000,
+    "permanent_attempts": 1_000_000,
+    "backoff_base_s": 7 * DAY_S,
+    "backoff_cap_s": 7 * DAY_S,
+    "publish_timeout_s": DAY_S,
+    "retention_s": 3650 * DAY_S,
+    "purge_batch": 10_000,  # deleted by id: a parameter per row
+    "connect_timeout_s": 3600,
+}
 
 
 def option(
@@ -213,6 +242,8 @@ def parsed(f: Field[Any], text: str, source: str) -> object:
     """``text`` (from the environment or a command line) as a value of ``f``'s type."""
     kind, word = type_of(f), text.strip()
     try:
+        if not word.isascii():  # int() and float() take Unicode digits such as '١٢'
+            raise ValueError(word)
         if kind == "int":
             return int(word)
         if kind == "float":
@@ -224,7 +255,7 @@ def parsed(f: Field[Any], text: str, source: str) -> object:
         if kind.startswith("tuple"):
             return tuple(float(d) for d in word.split(","))
     except ValueError:
-        raise problem(f.name, source, RULES[kind], text) from None
+        raise problem(f.name, source, rule_of(f), text) from None
     return word
 
 
@@ -232,32 +263,56 @@ def checked(f: Field[Any], value: object, source: str) -> object:
     """``value`` if it keeps ``f``'s rule (a tuple for a sequence), else a ConfigError."""
     kind = type_of(f)
     if kind == "int":
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MOST[f.name]
     elif kind == "float":
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+        ok = is_number(value) and 0 < value <= MOST[f.name]  # type: ignore[operator]
     elif kind == "bool":
         ok = isinstance(value, bool)
     elif kind.startswith("tuple"):
         ok = (
             isinstance(value, list | tuple)
-            and len(value) > 0
-            and all(
-                isinstance(d, int | float) and not isinstance(d, bool) and d >= 0 for d in value
-            )
+            and 0 < len(value) <= MOST_DELAYS
+            and all(is_number(d) and 0 <= d <= MOST[f.name] for d in value)
         )
         value = tuple(value) if ok else value  # type: ignore[arg-type]
     else:
         ok = value in MARK_MODES
     if not ok:
-        raise problem(f.name, source, RULES[kind], value)
+        raise problem(f.name, source, rule_of(f), value)
     return value
+
+
+def is_number(value: object) -> bool:
+    """An int or a float, not a bool; nan is none (no comparison holds for it)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def range_of(f: Field[Any]) -> str | None:
+    """A numeric field's accepted values, as its flag's help says them; else None."""
+    kind, most = type_of(f), MOST.get(f.name)
+    if kind == "int":
+        return f"1 to {most}"
+    if kind == "float":
+        return f"above 0, at most {as_text(most)}"
+    if kind.startswith("tuple"):
+        return f"1 to {MOST_DELAYS} delays, each 0 to {as_text(most)}"
+    return None
+
+
+def rule_of(f: Field[Any]) -> str:
+    """What ``f``'s values must be, as its error says it."""
+    kind = type_of(f)
+    if kind == "int":
+        return f"must be a whole number from {range_of(f)}"
+    if kind == "float":
+        return f"must be a number {range_of(f)}"
+    if kind.startswith("tuple"):
+        return f"must be {range_of(f)} (a comma list as text)"
+    return RULES[kind]
 
 
 DEFAULTS = {f.name: f.default for f in fields(Settings)}
 RULES = {
-    "int": "must be a positive integer",
-    "float": "must be a positive number",
     "bool": "must be True or False (true/false/1/0 in the environment or a flag)",
-    "tuple[float, ...]": "must be a non-empty sequence of delays >= 0 (a comma list as text)",
     "str": f"must be one of {', '.join(MARK_MODES)}",
 }

@@ -40,7 +40,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.flags import iso_time, seconds, spark_master, without_passwords
+from spark_jobs.flags import (
+    DAY_S,
+    SLA_SECONDS,
+    bounded_seconds,
+    iso_time,
+    out_folder_problem,
+    spark_master,
+    without_passwords,
+)
 from spark_jobs.window import Window
 
 if TYPE_CHECKING:
@@ -48,6 +56,7 @@ if TYPE_CHECKING:
 
 # relay.cli.common's EXIT_FAILED, EXIT_DATA and EXIT_STUCK
 EXIT_FAILED, EXIT_DISCREPANCY, EXIT_STUCK = 1, 3, 4
+LOOKBACK_SECONDS = bounded_seconds(0, 30 * DAY_S)  # an optimisation: a month is plenty
 
 
 class JobError(Exception):
@@ -139,19 +148,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--end", type=iso_time, required=True, help="window end, ISO 8601")
     parser.add_argument(
         "--sla",
-        type=seconds,
+        type=SLA_SECONDS,
         default=60.0,
         help="seconds a message may take to reach the broker; missing for longer, it is "
-        "stuck (still pending in the table) or lost (default 60)",
+        f"stuck (still pending in the table) or lost ({SLA_SECONDS.range}, default 60)",
     )
     parser.add_argument(
         "--lookback",
-        type=seconds,
+        type=LOOKBACK_SECONDS,
         default=3600.0,
         help="seconds before --start whose ledger rows are read with the window's; only an "
         "optimisation: a message at the broker in the window with no ledger row read is "
         "then looked up by msg_id in the whole ledger before it counts as a phantom, so "
-        "the results do not depend on it (default 3600)",
+        f"the results do not depend on it ({LOOKBACK_SECONDS.range}, default 3600)",
     )
     parser.add_argument(
         "--master",
@@ -192,6 +201,14 @@ def window_error(args: argparse.Namespace) -> str | None:
     return "--end must be after --start" if args.end <= args.start else None
 
 
+def usage_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the parsed flags together, if anything: the window, or an --out
+    that cannot be written (found before Spark starts)."""
+    if problem := out_folder_problem(args.out):
+        return f"--out {args.out}: {problem}"
+    return window_error(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`spark-submit spark_jobs/reconcile_job.py --ledger ...`: `outbox reconcile`'s flags."""
     parser = argparse.ArgumentParser(
@@ -199,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_arguments(parser)
     args = parser.parse_args(argv)
-    if error := window_error(args):
+    if error := usage_error(args):
         parser.error(error)
     return run(args)
 

@@ -13,6 +13,7 @@ from sqlalchemy import Engine
 from outbox.engines import engine_from
 from outbox.errors import OutboxError
 from relay.cli.settings_flags import add_settings_flags
+from spark_jobs.flags import bounded_int
 
 # Exit statuses: one meaning each, the same for every command (README, `outbox --help`).
 EXIT_OK = 0  # it did what was asked
@@ -26,7 +27,8 @@ EXIT_STATUSES = (
     ("0", "success"),
     ("1", "runtime error: database or broker unreachable, schema not at head, extra missing; "
      "drain left messages failing (run it again later)"),
-    ("2", "usage error: a bad or missing flag or value, a msg_id that does not exist"),
+    ("2", "usage error: a bad or missing flag or value (a number outside the range its "
+     "--help gives, an --out that cannot be written), a msg_id that does not exist"),
     ("3", "the data is wrong: dead messages (status, dead listed some; drain made some "
      "dead), lost, phantom or out-of-order messages (reconcile, compare)"),
     ("4", "the data is late: stuck messages, committed and still pending past the SLA, none "
@@ -35,6 +37,10 @@ EXIT_STATUSES = (
     ("141", "stdout closed by its reader (`outbox migrate --sql` piped to `head`): quietly"),
 )  # fmt: skip
 READ_TIMEOUT_S = 60.0  # a CLI read (status, requeue, drain's count) waits this long at most
+PORT = bounded_int(1, 65535)  # --port, --metrics-port
+# Every numeric flag's type is one of spark_jobs.flags' bounded_int, bounded_number and
+# bounded_seconds (a documented range, exit status 2 outside it); settings flags are
+# checked by outbox.settings.check, with the field's bounds.
 T = TypeVar("T")
 URL_ENV = ("db", "broker")  # flags whose default is $OUTBOX_<FLAG>
 # A command's parsers come from one function per command: add_<command>(commands).
@@ -54,16 +60,6 @@ def exit_statuses_text() -> str:
         for code, meaning in EXIT_STATUSES
     ]
     return "exit statuses:\n" + "\n".join(lines)
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
 
 
 def msg_id(text: str) -> str:

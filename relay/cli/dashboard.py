@@ -11,7 +11,7 @@ from pathlib import Path
 
 from outbox.errors import ConfigError
 from outbox.secrets import mask_url
-from relay.cli.common import EXIT_OK, Commands, UsageError, add_db_flag, database, positive_int
+from relay.cli.common import EXIT_OK, PORT, Commands, UsageError, add_db_flag, database
 
 TOKEN_ENV = "OUTBOX_DASHBOARD_TOKEN"
 MIN_TOKEN = 16  # characters: a token short enough to guess is refused
@@ -39,7 +39,9 @@ def add_dashboard(commands: Commands) -> None:
     dashboard.add_argument(
         "--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
     )
-    dashboard.add_argument("--port", type=positive_int, default=8080, help="port (default 8080)")
+    dashboard.add_argument(
+        "--port", type=PORT, default=8080, help=f"port ({PORT.range}, default 8080)"
+    )
     dashboard.add_argument(
         "--allowed-host",
         action="append",

@@ -7,12 +7,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from outbox.errors import OutboxError
 from relay.brokers import family_of, reader_for
 from relay.cli.common import EXIT_OK, Commands, UsageError, add_db_flag, required
 from relay.cli.progress import counting
 from spark_jobs import reconcile_job
-from spark_jobs.flags import iso_time
+from spark_jobs.flags import folder_problem, iso_time, out_file_problem
 
 
 def add_export(commands: Commands) -> None:
@@ -79,13 +78,10 @@ def add_reconcile(commands: Commands) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from relay import export
 
-    folder = Path(args.out).parent
-    if not folder.is_dir():  # before any connection: nothing to undo then
-        raise OutboxError(f"--out {args.out}: no folder {folder}")
     if args.by_day and args.what != "ledger":
         raise UsageError(f"--by-day: for a ledger export only, not {args.what}")
-    if args.by_day and (problem := export.day_folder_problem(args.out)):
-        raise OutboxError(f"--out {args.out}: {problem}")
+    if problem := out_problem(args.out, args.by_day):  # before any connection
+        raise UsageError(f"--out {args.out}: {problem}")
     if args.what == "ledger":
         db = required(args.db, "--db", "a ledger export (or set OUTBOX_DB)")
         total = export.ledger_count(db, args.since, args.until, args.by_day)
@@ -108,6 +104,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def out_problem(out: str, by_day: bool) -> str | None:
+    """Why the export cannot be written at ``out``: a file, or with --by-day a folder of
+    days (new, or an earlier export by day)."""
+    from relay import export
+
+    if not by_day:
+        return out_file_problem(out)
+    folder = Path(out)  # written into when it exists, else made in its folder
+    return export.day_folder_problem(out) or folder_problem(
+        folder if folder.is_dir() else folder.parent
+    )
+
+
 # Where each broker family keeps its log, as a flag of `outbox export broker`.
 LOG_SOURCE_FLAGS = {"nats": ("--stream", "stream"), "redis": ("--topic", "topics"),
                     "rabbitmq": ("--queue", "queue")}  # fmt: skip
@@ -126,7 +135,7 @@ def export_broker(args: argparse.Namespace, added: Callable[[int], None]) -> int
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    if error := reconcile_job.window_error(args):
+    if error := reconcile_job.usage_error(args):
         raise UsageError(error)
     return reconcile_job.run(args, prog="outbox reconcile")
 

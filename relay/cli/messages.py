@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from outbox import migrate
+from outbox.settings import LARGEST_PAYLOAD
 from outbox.table import DEAD, PENDING
 from relay import store
 from relay.cli.common import (
@@ -29,13 +30,16 @@ from relay.cli.common import (
     add_db_flag,
     database,
     msg_id,
-    positive_int,
 )
 from relay.display import duration, failure_json, payload_text, safe, utf8
+from spark_jobs.flags import bounded_int
 
 KINDS = {"dead": (DEAD,), "failing": (store.FAILING,), "both": (DEAD, store.FAILING)}
 ERROR_CHARS = 100  # the last error in `outbox dead`'s table: one line, cut
 PREVIEW_BYTES = 1024  # `outbox show` prints this much of the payload unless --full
+PAGE = bounded_int(1, 10_000)  # `outbox dead --limit`: a page, not the whole table
+# `outbox show --bytes`: at most the largest payload a message may have (max_payload_bytes)
+SHOWN_BYTES = bounded_int(1, LARGEST_PAYLOAD)
 # What the table keeps of a message's past: one row, overwritten by each attempt.
 HISTORY = (
     "the table keeps the latest attempt only: attempts counts them, last_error and "
@@ -68,7 +72,7 @@ def add_dead(commands: Commands) -> None:
     )
     dead.add_argument("--topic", help="only this topic")
     dead.add_argument(
-        "--limit", type=positive_int, default=20, help="messages per page (default 20)"
+        "--limit", type=PAGE, default=20, help=f"messages per page ({PAGE.range}, default 20)"
     )
     dead.add_argument("--before", type=msg_id, metavar="MSG_ID", help="the page after this message")
     dead.add_argument("--json", action="store_true", help="one JSON document")
@@ -89,9 +93,9 @@ def add_show(commands: Commands) -> None:
     show.add_argument("msg_id", type=msg_id, metavar="MSG_ID", help="the message's msg_id")
     show.add_argument(
         "--bytes",
-        type=positive_int,
+        type=SHOWN_BYTES,
         default=PREVIEW_BYTES,
-        help=f"payload bytes to print (default {PREVIEW_BYTES})",
+        help=f"payload bytes to print ({SHOWN_BYTES.range}, default {PREVIEW_BYTES})",
     )
     show.add_argument("--full", action="store_true", help="print the whole payload")
     show.add_argument("--json", action="store_true", help="one JSON document")

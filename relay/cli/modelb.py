@@ -16,12 +16,14 @@ from relay.cli.common import (
     UsageError,
     add_broker_flag,
     add_debug_flag,
-    positive_int,
 )
 from relay.cli.run import defer_stop_signals
 from relay.cli.stopping import STOP_SIGNALS
+from spark_jobs.flags import DAY_S, bounded_int, bounded_seconds, out_folder_problem
 
 log = logging.getLogger("relay.cli")
+PERIOD = bounded_seconds(0.01, DAY_S)  # the coordinator's intervals and timeouts
+CHECKS = bounded_int(1, 1_000_000)
 
 
 def add_coordinator(commands: Commands) -> None:
@@ -33,21 +35,27 @@ def add_coordinator(commands: Commands) -> None:
     )
     add_broker_flag(coord)
     add_debug_flag(coord)
-    coord.add_argument("--check-interval", type=float, default=60.0, help="seconds (default 60)")
     coord.add_argument(
-        "--transaction-timeout",
-        type=float,
-        default=6.0,
-        help="halfs younger than this wait (default 6)",
+        "--check-interval", type=PERIOD, default=60.0, help=f"seconds ({PERIOD.range}, default 60)"
     )
     coord.add_argument(
-        "--check-max", type=positive_int, default=15, help="checks before discard (default 15)"
+        "--transaction-timeout",
+        type=PERIOD,
+        default=6.0,
+        help=f"seconds halfs younger than this wait ({PERIOD.range}, default 6)",
+    )
+    coord.add_argument(
+        "--check-max",
+        type=CHECKS,
+        default=15,
+        help=f"checks before discard ({CHECKS.range}, default 15)",
     )
     coord.add_argument(
         "--max-round",
-        type=float,
+        type=PERIOD,
         default=60.0,
-        help="seconds a check round may run; the next resumes where it stopped (default 60)",
+        help="seconds a check round may run; the next resumes where it stopped "
+        f"({PERIOD.range}, default 60)",
     )
 
 
@@ -88,6 +96,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         compare.workload_of(args)
     except ValueError as exc:  # before anything starts
         raise UsageError(str(exc)) from None
+    if problem := out_folder_problem(args.out):
+        raise UsageError(f"--out {args.out}: {problem}")
     try:
         from relay.compare import report
     except ImportError as exc:

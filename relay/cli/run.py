@@ -26,11 +26,11 @@ from relay.cli.common import (
     EXIT_DATA,
     EXIT_FAILED,
     EXIT_OK,
+    PORT,
     Commands,
     add_broker_flag,
     add_db_flag,
     database,
-    positive_int,
 )
 from relay.cli.progress import Progress, progress
 from relay.cli.settings_flags import add_settings_flags
@@ -38,10 +38,13 @@ from relay.cli.stopping import STOP_SIGNALS, StopSignals, exit_status, signals_b
 from relay.runtime import Relay
 from relay.scheduler import publish_due
 from relay.sweeper import Sweeper
+from spark_jobs.flags import DAY_S, bounded_int, bounded_seconds
 
 DRAIN_PASSES = 3
 CONNECT_WAIT_S = 10.0
 SIGNAL_CHECK_S = 0.1  # drain's main thread looks for a stop signal this often
+SWEEPS = bounded_int(1, 256)  # --concurrency: a thread and a database connection each
+STOP_TIMEOUT = bounded_seconds(0, DAY_S)
 log = logging.getLogger("relay.cli")
 
 
@@ -60,15 +63,18 @@ def add_relay(commands: Commands) -> None:
     add_db_flag(rel)
     add_broker_flag(rel)
     rel.add_argument(
-        "--concurrency", type=positive_int, default=1, help="sweeps side by side (default 1)"
+        "--concurrency",
+        type=SWEEPS,
+        default=1,
+        help=f"sweeps side by side ({SWEEPS.range}, default 1)",
     )
     add_stop_timeout_flag(rel)
     add_app_flag(rel)
     add_settings_flags(rel)  # every Settings field: --sweep-interval-s (--interval), ...
     rel.add_argument(
         "--metrics-port",
-        type=int,
-        help="serve Prometheus /metrics on this port (needs the [metrics] extra)",
+        type=PORT,
+        help=f"serve Prometheus /metrics on this port ({PORT.range}; needs the [metrics] extra)",
     )
     rel.add_argument(
         "--metrics-addr", default="0.0.0.0", help="address for /metrics (default 0.0.0.0)"
@@ -94,7 +100,10 @@ def add_drain(commands: Commands) -> None:
     add_db_flag(drn)
     add_broker_flag(drn)
     drn.add_argument(
-        "--concurrency", type=positive_int, default=2, help="sweeps side by side (default 2)"
+        "--concurrency",
+        type=SWEEPS,
+        default=2,
+        help=f"sweeps side by side ({SWEEPS.range}, default 2)",
     )
     add_stop_timeout_flag(drn)
     drn.add_argument(
@@ -107,10 +116,11 @@ def add_drain(commands: Commands) -> None:
 def add_stop_timeout_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stop-timeout",
-        type=float,
+        type=STOP_TIMEOUT,
         default=10.0,
         metavar="SECONDS",
-        help="after SIGINT/SIGTERM, wait this long for the batches in flight (default 10)",
+        help="after SIGINT/SIGTERM, wait this long for the batches in flight "
+        f"({STOP_TIMEOUT.range}, default 10)",
     )
 
 

@@ -2,20 +2,24 @@
 
 A field's name, type, default and help text are written once, in outbox.settings; here
 they become ``--<field>`` flags (plus the older spellings the field lists, such as
-``--interval``), but for the app's own fields (``start_relay``). A flag holds text until ``settings_from_args`` hands it, with the
-environment, to the one validation (outbox.settings.check). Precedence: flag, then the
-app's settings (``--app``), then ``OUTBOX_<FIELD>``, then the default.
+``--interval``), but for the app's own fields (``start_relay``). A flag holds text until
+``settings_from_args`` hands it, with the environment, to the one validation
+(outbox.settings.check, with each field's range, which the flag's help states).
+Precedence: flag, then the app's settings (``--app``), then ``OUTBOX_<FIELD>``, then the
+default.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import Field, fields
 from typing import Any
 
 from outbox.errors import ConfigError
 from outbox.settings import (
+    MOST,
     Settings,
     Source,
     as_text,
@@ -24,9 +28,11 @@ from outbox.settings import (
     flag_names,
     has_flag,
     problem,
+    range_of,
     settings_from,
     type_of,
 )
+from spark_jobs.flags import DECIMAL
 
 # Older flags in another unit than their field: flag -> (field, how many field units one is).
 SCALED = {"--retention-days": ("retention_s", 86400.0)}
@@ -56,16 +62,17 @@ def add_settings_flags(parser: argparse.ArgumentParser, names: Iterable[str] | N
         if not has_flag(f) or f.name in offered or (wanted is not None and f.name not in wanted):
             continue
         env = " or ".join(f"${name}" for name in env_names(f))
+        span = f"{bounds}; " if (bounds := range_of(f)) else ""
         group.add_argument(
             *flag_names(f),
             dest=f.name,
             metavar=metavar(f),
-            help=f"{f.metadata['help']} (default: {env} or {as_text(f.default)})",
+            help=f"{f.metadata['help']} ({span}default: {env} or {as_text(f.default)})",
         )
         offered.append(f.name)
         for flag, (name, _) in SCALED.items():
             if name == f.name:
-                help = f"{flag_names(f)[0]} in days (an older spelling)"
+                help = f"{flag_names(f)[0]} in days (an older spelling; {scaled_range(name, flag)})"
                 group.add_argument(flag, dest=dest_of(flag), metavar="DAYS", help=help)
     parser.set_defaults(settings_fields=offered)
 
@@ -113,8 +120,15 @@ def settings_from_args(
     return settings_from(flags, base, env)
 
 
+def scaled_range(name: str, flag: str) -> str:
+    """The accepted values of an older flag in another unit: the field's, in its unit."""
+    return f"above 0, at most {as_text(MOST[name] / SCALED[flag][1])}"
+
+
 def scaled(name: str, flag: str, text: str, unit: float) -> float:
-    try:
-        return float(text) * unit
-    except ValueError:
-        raise problem(name, flag, "must be a positive number", text) from None
+    """``text``, in ``flag``'s unit, in the field's unit, if in the field's range."""
+    word = text.strip()
+    value = float(word) * unit if DECIMAL.fullmatch(word) else math.nan  # ASCII, finite
+    if not 0 < value <= MOST[name]:  # nan included: no comparison holds for it
+        raise problem(name, flag, f"must be a number {scaled_range(name, flag)}", text)
+    return value

@@ -157,7 +157,7 @@ def test_drain_with_an_unreachable_broker_says_so_once(tmp_path: Path) -> None:
 
 def test_an_export_into_a_missing_folder(tmp_path: Path) -> None:
     out = tmp_path / "nosuch" / "ledger.parquet"
-    refused(outbox("export", "ledger", "--db", "sqlite://", "--out", str(out)), 1, "--out")
+    refused(outbox("export", "ledger", "--db", "sqlite://", "--out", str(out)), 2, "--out")
 
 
 @pytest.mark.parametrize(
@@ -174,7 +174,7 @@ def test_an_export_into_a_missing_folder(tmp_path: Path) -> None:
         (["drain", "--db", "sqlite://", "--broker", "nats://h:1", "--concurrency", "many"],
          ("--concurrency", "'many'")),
         (["compare", "--faults", "nosuch"], ("faults", "nosuch")),
-        (["compare", "--rollback-rate", "2"], ("rollback_rate",)),
+        (["compare", "--rollback-rate", "2"], ("--rollback-rate", "0 to 0.99")),
     ],
 )  # fmt: skip
 def test_bad_flag_values_are_usage_errors(args: list[str], named: tuple[str, ...]) -> None:

@@ -54,7 +54,7 @@ def test_refuses_a_folder_that_is_not_an_export_by_day(
     out = tmp_path / "home"
     (out / "day=2025-03-01").mkdir(parents=True)
     (out / "notes.txt").write_text("mine")
-    assert export_days(db, out) == 1
+    assert export_days(db, out) == 2  # a usage error, found before reading a row
     err = capsys.readouterr().err
     assert f"--out {out}: holds 'notes.txt'" in err and "day=YYYY-MM-DD" in err, err
     assert len(err.strip().splitlines()) == 1

@@ -84,15 +84,16 @@ def test_precedence_keyword_then_environment_then_default(monkeypatch: pytest.Mo
     ("given", "message"),
     [
         ({"OUTBOX_SWEEPER_AGE_S": "ten"},
-         "sweeper_age_s (OUTBOX_SWEEPER_AGE_S): must be a positive number, got 'ten'"),
+         "sweeper_age_s (OUTBOX_SWEEPER_AGE_S): must be a number above 0, at most 604800, "
+         "got 'ten'"),
         ({"OUTBOX_QUEUE_SIZE": "0"},
-         "queue_size (OUTBOX_QUEUE_SIZE): must be a positive integer, got 0"),
+         "queue_size (OUTBOX_QUEUE_SIZE): must be a whole number from 1 to 10000000, got 0"),
         ({"OUTBOX_VERIFY_COMMIT": "yes"},
          "verify_commit (OUTBOX_VERIFY_COMMIT): must be True or False"),
         ({"OUTBOX_MARK_MODE": "drop"},
          "mark_mode (OUTBOX_MARK_MODE): must be one of keep, delete"),
         ({"OUTBOX_RETRY_DELAYS_MS": "0,-5"},
-         "retry_delays_ms (OUTBOX_RETRY_DELAYS_MS): must be a non-empty"),
+         "retry_delays_ms (OUTBOX_RETRY_DELAYS_MS): must be 1 to 1000 delays, each 0 to 86400000"),
         ({"OUTBOX_SWEEPER_AGE_S": "5"},
          "handoff_limit_s (default): must be below sweeper_age_s (5 from OUTBOX_SWEEPER_AGE_S)"),
     ],
@@ -109,7 +110,7 @@ def test_a_bad_variable_fails_when_the_outbox_is_built(
 
 def test_a_keyword_error_has_the_same_format() -> None:
     with pytest.raises(
-        ConfigError, match=r"^tick_ms \(keyword\): must be a positive number, got -1$"
+        ConfigError, match=r"^tick_ms \(keyword\): must be a number above 0, at most 60000, got -1$"
     ):
         Outbox("sqlite://", tick_ms=-1)
     with pytest.raises(ConfigError, match=r"^unknown option\(s\) sweeper_age; known: "):
@@ -151,7 +152,10 @@ def test_a_bad_flag_or_variable_stops_the_command_at_start(
 ) -> None:
     common = ["--db", "sqlite://", "--broker", "nats://127.0.0.1:1"]
     assert main(["relay", *common, "--sweeper-age-s", "-3"]) == 2
-    line = "outbox relay: sweeper_age_s (--sweeper-age-s): must be a positive number, got -3.0"
+    line = (
+        "outbox relay: sweeper_age_s (--sweeper-age-s): must be a number above 0, at most "
+        "604800, got -3.0"
+    )
     assert capsys.readouterr().err.strip() == line
     monkeypatch.setenv("OUTBOX_HANDOFF_LIMIT_S", "20")
     assert main(["drain", *common]) == 2
