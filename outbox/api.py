@@ -510,7 +510,9 @@ class Outbox:
 
         forks.first_connect(self.engine)
         relay = Relay(self.engine, broker, self.settings, self._listeners, sweeper=sweeper)
+        relay.sweeper.batch_log_level = logging.DEBUG  # batches and purges: a worker's lines
         relay.start()
+        log.info("outbox relay started: %s", relay.description)  # its one line at INFO
         with self._count_lock:
             self._relay = relay
             for listener in self._listeners:  # one added meanwhile is missed: add it now
@@ -560,8 +562,10 @@ class Outbox:
         child it stops the child's own relay and connections, never the parent's.
         """
         self._start_in_child = False
-        if self._relay is not None:
-            self._relay.stop(timeout)  # a second stop() does nothing
+        relay = self._relay
+        if relay is not None and relay.running:  # a second stop() does nothing
+            relay.stop(timeout)
+            log.info("outbox relay stopped")
         if self._engine is not None and self._owns_engine:
             self._engine.dispose()
 
