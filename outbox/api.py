@@ -27,6 +27,7 @@ from outbox.engines import (
     engine_from,
     given_url,
     is_async_url,
+    relay_engine,
     sync_url,
 )
 from outbox.errors import ConfigError, WrongDatabase
@@ -294,10 +295,14 @@ class Outbox:
             max_payload_bytes=self.settings.max_payload_bytes,
             json_default=self.json_default,
         )
-        if staged or message.ordered:  # ordered: the key's lock is taken at COMMIT only
+        if staged:  # written just before COMMIT; AUTOCOMMIT refused now if it is known
+            rows.check_staged(checked)
             stage(checked, message, self._on_commit)
-        else:
-            [written] = rows.write(checked, [message])
+        elif message.ordered:  # the key's lock is taken at COMMIT only
+            rows.transaction_connection(checked)  # AUTOCOMMIT refused now
+            stage(checked, message, self._on_commit)
+        else:  # the app's pending rows are flushed first: their errors are the app's
+            [written] = rows.write(rows.flushed_connection(checked), [message])
             remember(checked, written, self._on_commit)
         if self._recordings:  # the whole cost of recording() when none is open
             self._record(message)
@@ -508,8 +513,15 @@ class Outbox:
     def _start(self, broker: str | Broker, sweeper: bool) -> None:
         from relay.runtime import Relay  # the app's one import of the relay layer
 
-        forks.first_connect(self.engine)
-        relay = Relay(self.engine, broker, self.settings, self._listeners, sweeper=sweeper)
+        engine = relay_engine(self.engine)  # never the app's own connection: ConfigError
+        forks.first_connect(engine)
+        try:
+            relay = Relay(engine, broker, self.settings, self._listeners, sweeper=sweeper,
+                          own_engine=engine is not self.engine)  # fmt: skip
+        except BaseException:
+            if engine is not self.engine:
+                engine.dispose()
+            raise
         relay.sweeper.batch_log_level = logging.DEBUG  # batches and purges: a worker's lines
         relay.start()
         log.info("outbox relay started: %s", relay.description)  # its one line at INFO

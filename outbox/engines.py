@@ -9,9 +9,10 @@ import weakref
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import URL, Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy import URL, Connection, Engine, create_engine, event
+from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.pool import AssertionPool, NullPool, QueuePool, SingletonThreadPool, StaticPool
 
 from outbox import aio
 from outbox.broker import BROKER_SCHEMES
@@ -19,7 +20,13 @@ from outbox.errors import ConfigError
 from outbox.names import check_name
 from outbox.secrets import mask_url
 from outbox.settings import CONNECT_TIMEOUT_S
-from outbox.target import connect_params, libpq_escape, libpq_words, search_path_setting
+from outbox.target import (
+    connect_params,
+    libpq_escape,
+    libpq_words,
+    mismatch,
+    search_path_setting,
+)
 from outbox.urls import with_driver
 
 if TYPE_CHECKING:  # imported by aio.require() when an async engine is made
@@ -130,6 +137,126 @@ def through(url: URL, driver: str) -> URL:
             "driver (the relay's and the app's); use a database file"
         )
     return url.set(drivername=f"{backend}+{driver}")
+
+
+# Pools that hand the same DBAPI connection to every checkout (StaticPool, AssertionPool)
+# or one per thread (SingletonThreadPool, whose cleanup closes other threads' connections).
+SHARING_POOLS = (StaticPool, SingletonThreadPool, AssertionPool)
+NO_RELAY_HINT = (
+    "use a database file (sqlite:///app.db), or test without a relay: ob.recording(), "
+    "broker='' or OUTBOX_START_RELAY=false"
+)
+
+
+def relay_engine(engine: Engine) -> Engine:
+    """The engine the relay's threads use with the app's ``engine``: never one connection
+    of the app's. A relay's COMMIT on a connection the app is using would commit the app's
+    open transaction under it, and a message whose request then rolls back would be
+    published.
+
+    ``engine`` itself when its pool hands out connections of their own (QueuePool,
+    NullPool...): one pool for the app and the relay. A new engine of the relay's own to
+    the same database when its pool shares its connection (SHARING_POOLS); the caller
+    disposes of it. A ConfigError when no other connection reaches the database: an
+    in-memory SQLite database (another connection opens another, empty, one).
+    """
+    pool = engine.pool
+    sharing = isinstance(pool, SHARING_POOLS)
+    if sqlite_memory(engine.url) and (sharing or "cache=shared" not in str(engine.url)):
+        kind = type(pool).__name__
+        if sharing:
+            raise ConfigError(
+                f"db: the relay cannot share the app's single connection ({kind} on in-memory "
+                "SQLite): its COMMITs would commit the app's open transactions, and another "
+                f"connection opens another, empty, database; {NO_RELAY_HINT}"
+            )
+        raise ConfigError(
+            f"db: the relay cannot reach an in-memory SQLite database ({kind}: each connection "
+            f"opens another, empty, database); {NO_RELAY_HINT}"
+        )
+    return own_engine(engine) if sharing else engine
+
+
+def own_engine(engine: Engine) -> Engine:
+    """A new engine to ``engine``'s database whose pool gives each checkout a connection
+    of its own: the same driver arguments (the pool's creator), connect listeners (a
+    search_path, PRAGMAs) and execution options (a schema_translate_map). SQLite's pool
+    opens a connection per checkout: one never crosses threads."""
+    pool = engine.pool
+    poolclass = NullPool if engine.dialect.name == "sqlite" else QueuePool
+    # Private, as Pool.recreate() uses them: SQLAlchemy offers no public copy of a pool's
+    # creator and listeners into another pool class.
+    own = create_engine(engine.url, creator=pool._creator, poolclass=poolclass)
+    own.pool.dispatch._update(pool.dispatch, only_propagate=False)
+    options = engine.get_execution_options()
+    if options:
+        own = own.execution_options(**options)
+    if differs := mismatch(own, engine):
+        own.dispose()
+        raise ConfigError(f"db: the relay's own engine would reach another table ({differs})")
+    return own
+
+
+def sqlite_memory(url: URL) -> bool:
+    """Is ``url`` an in-memory SQLite database?"""
+    if url.get_backend_name() != "sqlite":
+        return False
+    return url.database in (None, "") or ":memory:" in url.database or "mode=memory" in str(url)
+
+
+AUTOCOMMIT = "AUTOCOMMIT"
+
+
+def autocommits(conn: Connection) -> bool:
+    """Does ``conn`` commit each statement at once (nothing it writes can roll back)?
+
+    SQLAlchemy's ``AUTOCOMMIT`` isolation level, set on the engine (``create_engine(...,
+    isolation_level="AUTOCOMMIT")``, ``engine.execution_options(...)``) or the connection
+    (``conn.execution_options(...)``, ``session.connection(execution_options=...)``); or
+    the driver's own autocommit set behind SQLAlchemy's back (``connect_args``), where the
+    dialect can tell it (SQLAlchemy 2.1's ``Dialect.detect_autocommit_setting``). A
+    connection whose driver is inside a transaction it began itself (SQLite's BEGIN
+    recipe for SAVEPOINTs) is not. Attribute reads only: no round trip.
+    """
+    if isolation_autocommit(conn):
+        return True
+    driver = conn.connection.dbapi_connection
+    if driver is None or getattr(driver, "in_transaction", False) is True:
+        return False
+    return driver_autocommits(conn.dialect, driver)
+
+
+def isolation_autocommit(conn: Connection) -> bool:
+    """SQLAlchemy's own test, private: the public ``get_execution_options()`` misses the
+    engine-wide ``create_engine(isolation_level=...)``, and ``get_isolation_level()`` runs a
+    query and never reports AUTOCOMMIT (SQLAlchemy's documentation of it)."""
+    if _IS_AUTOCOMMIT is not None:
+        return bool(_IS_AUTOCOMMIT(conn))
+    return conn.get_execution_options().get("isolation_level") == AUTOCOMMIT
+
+
+_IS_AUTOCOMMIT = getattr(Connection, "_is_autocommit_isolation", None)  # looked up once
+
+
+def engine_autocommits(engine: Engine) -> bool:
+    """``isolation_autocommit`` for a connection ``engine`` would make: known before it
+    connects (an AsyncSession's send() cannot connect)."""
+    level = engine.get_execution_options().get("isolation_level")
+    if level is not None:
+        return bool(level == AUTOCOMMIT)
+    return getattr(engine.dialect, "_on_connect_isolation_level", None) == AUTOCOMMIT
+
+
+def driver_autocommits(dialect: Dialect, driver: Any) -> bool:
+    """The driver's autocommit as the dialect reads it; False where it cannot (SQLAlchemy
+    before 2.1, or a dialect without the method)."""
+    detect = getattr(dialect, "detect_autocommit_setting", None)
+    if detect is None:
+        return False
+    try:
+        return bool(detect(driver))
+    except (NotImplementedError, AttributeError):  # AttributeError: an adapter without it
+        return False
 
 
 # The URL each AsyncEngine made here was asked for: asyncpg's engine URL has lost libpq's

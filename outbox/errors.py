@@ -58,3 +58,14 @@ class InvalidSchedule(InvalidMessage):
 
 class WrongDatabase(OutboxError):
     """The session passed to ``send()`` is bound to another database than the outbox's."""
+
+
+class NotTransactional(ConfigError):
+    """``send()`` was given a session whose connection commits each statement at once
+    (``AUTOCOMMIT``): its row would be published whether or not the work around it
+    commits. Nothing was written."""
+
+
+class SchemaMissing(OutboxError):
+    """The outbox's tables are not in the database ``send()`` writes to: run
+    ``outbox migrate``. The driver's error is the ``__cause__``."""

@@ -31,11 +31,15 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from outbox.dedup_locks import lock_dedup_keys
-from outbox.errors import InvalidHeaders, InvalidPayload
+from outbox.engines import autocommits, engine_autocommits
+from outbox.errors import InvalidHeaders, InvalidPayload, NotTransactional, SchemaMissing
 from outbox.message import Message, recheck
+from outbox.secrets import url_of
 from outbox.table import CANCELED, PENDING, db_now_plus, outbox_message, outbox_sequence, time_type
 
 INSERT_MESSAGE = insert(outbox_message)
@@ -73,11 +77,102 @@ def row_values(message: Message) -> dict[str, Any]:
     }
 
 
+def transaction_connection(session: Session) -> Connection:
+    """The connection ``session``'s transaction writes the outbox's rows on (connected now
+    if it has none yet). Raises ``NotTransactional`` if it commits each statement at once:
+    the row would be published even if the work around it rolled back."""
+    conn = session.connection(bind_arguments={"clause": outbox_message})
+    if autocommits(conn):
+        raise not_transactional(conn.engine)
+    return conn
+
+
+def flushed_connection(session: Session) -> Connection:
+    """``transaction_connection``, once the app's pending changes are flushed.
+
+    This is the autoflush ``Session.execute()`` runs before any statement (SQLAlchemy
+    #9809), run first and on its own: an error of the app's own rows (an IntegrityError,
+    say) is raised by the app's flush, never from inside the outbox's INSERT. Private
+    ``_autoflush()``: the public ``flush()`` lacks its guards (``autoflush=False``,
+    ``no_autoflush``, a send() from inside a flush's event hook).
+    """
+    conn = transaction_connection(session)
+    session._autoflush()
+    return conn
+
+
+def check_staged(session: Session) -> None:
+    """At an AsyncSession's send(), which cannot connect: ``NotTransactional`` if what is
+    known already says the session autocommits (a bound Connection, the connection its
+    transaction holds, else its engine's settings). Its COMMIT checks again, connected,
+    before the row is written (``flushed_connection``)."""
+    bind = session.get_bind(clause=outbox_message)
+    conn = bind if isinstance(bind, Connection) else held_connection(session, bind)
+    if conn is not None and autocommits(conn):
+        raise not_transactional(conn.engine)
+    if conn is None and isinstance(bind, Engine) and engine_autocommits(bind):
+        raise not_transactional(bind)
+
+
+def held_connection(session: Session, bind: object) -> Connection | None:
+    """The connection to ``bind`` ``session``'s transaction holds, if any (private: the
+    Session has no public way to ask without connecting)."""
+    transaction = session.get_transaction()
+    held = getattr(transaction, "_connections", {}).get(bind) if transaction else None
+    return held[0] if held and isinstance(held[0], Connection) else None
+
+
+def not_transactional(engine: Engine) -> NotTransactional:
+    return NotTransactional(
+        f"session: its connection to {url_of(engine)} is in AUTOCOMMIT, committing each "
+        "statement at once: a message sent there would be published even if the work "
+        "around it rolled back; send() in a transaction (without "
+        "isolation_level='AUTOCOMMIT'); nothing was written"
+    )
+
+
 def write(conn: Session | Connection, messages: Sequence[Message]) -> list[Message]:
     """Insert the rows of ``messages`` in ``conn``'s transaction: one statement for the
     unscheduled ones, after the ordered ones took their sequence numbers (``take_seqs``),
     and one for the scheduled ones (``write_scheduled``). Returns the messages as
-    written, with their ``seq``."""
+    written, with their ``seq``.
+
+    No outbox table raises ``SchemaMissing`` (the driver's error is its ``__cause__``),
+    told from the statement's error: nothing is checked first. On PostgreSQL the
+    transaction is aborted then, as after any failed statement.
+    """
+    try:
+        return _write(conn, messages)
+    except DBAPIError as exc:
+        if not missing_table(exc):
+            raise
+        said = str(exc.orig).strip().splitlines()[0]
+        raise SchemaMissing(
+            f"db: the outbox's tables are not in {url_of(_bind(conn).engine)} ({said}): "
+            "run `outbox migrate` (or outbox.migrate.upgrade) first"
+        ) from exc
+
+
+PG_UNDEFINED_TABLE = "42P01"
+MYSQL_NO_SUCH_TABLE = 1146
+
+
+def missing_table(exc: DBAPIError) -> bool:
+    """Is ``exc`` a driver's "no such table" for one of the outbox's tables?"""
+    orig = exc.orig
+    text = str(orig)
+    if "outbox_" not in text:  # an app's table (a statement of its own, a trigger)
+        return False
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)  # psycopg, asyncpg
+    args = getattr(orig, "args", None) or (None,)
+    return (
+        code == PG_UNDEFINED_TABLE
+        or args[0] == MYSQL_NO_SUCH_TABLE  # PyMySQL, asyncmy
+        or text.startswith("no such table")  # SQLite
+    )
+
+
+def _write(conn: Session | Connection, messages: Sequence[Message]) -> list[Message]:
     written = take_seqs(conn, messages)
     scheduled = [m for m in written if m.scheduled]
     now = [m for m in written if not m.scheduled] if scheduled else written
@@ -173,8 +268,11 @@ def cancel_written(conn: Session | Connection, msg_id: str) -> bool | None:
 
 
 def _dialect(conn: Session | Connection, table: Any = outbox_message) -> str:
-    bind = conn.get_bind(clause=table) if isinstance(conn, Session) else conn
-    return bind.dialect.name
+    return _bind(conn, table).dialect.name
+
+
+def _bind(conn: Session | Connection, table: Any = outbox_message) -> Engine | Connection:
+    return conn.get_bind(clause=table) if isinstance(conn, Session) else conn
 
 
 def take_seqs(conn: Session | Connection, messages: Sequence[Message]) -> list[Message]:

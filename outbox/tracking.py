@@ -106,7 +106,8 @@ def _before_commit(session: Session) -> None:
     _drop_canceled(session)
     staged = session.info.pop(STAGED_KEY, None)
     if staged:
-        written = rows.write(session, [message for _, message in staged])
+        conn = rows.flushed_connection(session)  # AUTOCOMMIT refused before the write
+        written = rows.write(conn, [message for _, message in staged])
         numbered(session, {m.msg_id: m for m in written if m.seq is not None})
     if session.info.get(PENDING_KEY):
         session.info[OUTLOOK_KEY] = commit_outlook(session)

@@ -67,7 +67,9 @@ class Relay(Lifecycle):
     - ``metrics_port``: serve Prometheus ``/metrics`` on ``metrics_addr`` (needs the
       [metrics] extra).
 
-    ``name`` names the broker loop's thread. The engine stays the caller's to dispose.
+    ``name`` names the broker loop's thread. The engine stays the caller's to dispose,
+    unless ``own_engine``: then stop() disposes of it (an engine made for this relay alone,
+    ``outbox.engines.relay_engine``).
     """
 
     def __init__(
@@ -84,9 +86,11 @@ class Relay(Lifecycle):
         metrics_port: int | None = None,
         metrics_addr: str = "0.0.0.0",
         name: str = "outbox-relay",
+        own_engine: bool = False,
     ) -> None:
         super().__init__()
         self.engine = engine
+        self._own_engine = own_engine
         self.settings = settings = settings or Settings()
         self.listeners = Listeners(*listeners)  # one set: the fast path's and the sweeper's
         self.broker_loop = BrokerLoop(broker_for(broker) if isinstance(broker, str) else broker,
@@ -156,6 +160,8 @@ class Relay(Lifecycle):
         finished = True
         for part in reversed(self._parts()):
             finished = part.stop(max(0.0, deadline - time.monotonic())) and finished
+        if self._own_engine:  # a connection still checked out is closed when returned
+            self.engine.dispose()
         return finished
 
     def _parts(self) -> list[Part]:
