@@ -160,10 +160,9 @@ class Outbox:
         app's engine exists, e.g. ``with app.app_context(): ob.bind(db.engine)`` in a Flask
         factory. The app's Engine is used as it is: one engine, one pool. Returns the Outbox.
 
-        An Outbox serves one outbox table. Binding it again to an engine that reaches the
-        same table (the next app a test suite builds) moves it there while no relay runs;
-        another database raises ConfigError, and so does any rebinding while the relay
-        runs (stop() first).
+        Binding it again (the next app a test suite builds, on the same database or a
+        fresh one) moves it there while no relay runs; while its relay runs, binding it
+        again raises ConfigError (stop() first).
         """
         if db is self._engine or (db is not None and db is self._async_engine):
             return self
@@ -193,18 +192,13 @@ class Outbox:
         return engine_from(db, timeout), None
 
     def _check_rebind(self, engine: Engine) -> None:
-        """An Outbox already bound may move only to its own table, and not while relaying."""
+        """An Outbox already bound may move while no relay runs (a test suite's fresh
+        database per test), not while its relay works on the engine bound now."""
         bound = self.engine
-        if differs := mismatch(engine, bound):
-            raise ConfigError(
-                f"db: this Outbox is bound to {url_of(bound)} already, and {url_of(engine)} "
-                f"is another database ({differs}); an Outbox serves one database: build one "
-                "per database (in the app factory, say)"
-            )
         if self._relay is not None and self._relay.running:
             raise ConfigError(
                 f"db: this Outbox's relay is running on {url_of(bound)}; stop() it before "
-                "binding the Outbox again"
+                f"binding the Outbox to {url_of(engine)}"
             )
 
     def _use(self, engine: Engine, async_engine: AsyncEngine | None, db: object) -> None:
