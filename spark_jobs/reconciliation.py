@@ -17,6 +17,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs import ordering
+from spark_jobs.cells import safe_columns
 from spark_jobs.window import Window
 
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 60000)
@@ -384,33 +385,22 @@ def write_csv(spark: SparkSession, parquet: Path, path: Path) -> None:
     """discrepancies/ as one CSV file with a header, sorted by kind, topic and msg_id:
     Spark writes it (in one task: no row reaches the driver), then its part file moves."""
     parts = path.with_name(path.name + ".parts")
-    found = spreadsheet_safe(spark.read.parquet(str(parquet))).coalesce(1)
-    found.sortWithinPartitions("kind", "topic", "msg_id").write.mode("overwrite").csv(
-        str(parts), header=True, escape='"', timestampFormat="yyyy-MM-dd HH:mm:ss.SSSXXX"
-    )  # a quote in a field doubled (RFC 4180), as spreadsheets and Python's csv read it
+    found = spark.read.parquet(str(parquet)).coalesce(1)
+    found = found.sortWithinPartitions("kind", "topic", "msg_id")
+    safe_columns(found).write.mode("overwrite").csv(
+        str(parts),
+        header=True,
+        escape='"',  # a quote in a field doubled (RFC 4180), as spreadsheets and csv read it
+        timestampFormat="yyyy-MM-dd HH:mm:ss.SSSXXX",
+        ignoreLeadingWhiteSpace=False,  # each cell as safe_columns made it: by default
+        ignoreTrailingWhiteSpace=False,  # the writer drops whitespace, the guard's too
+    )
     written = sorted(parts.glob("part-*"))
     if written and written[0].stat().st_size:
         written[0].replace(path)
     else:  # no finding: Spark writes no header
         path.write_text(",".join(FINDING_COLUMNS) + "\n")
     shutil.rmtree(parts)
-
-
-# A cell a spreadsheet would run as a formula: text from the data (a phantom's msg_id and
-# topic come from the broker) starting with one of these.
-FORMULA = r"^[=+\-@\t\r]"
-
-
-def spreadsheet_safe(found: DataFrame) -> DataFrame:
-    """Text columns with a leading apostrophe where a cell would start a formula (OWASP's
-    advice against CSV injection); discrepancies/ keeps the values as they are."""
-    for name, kind in found.dtypes:
-        if kind == "string":
-            text = F.col(name)
-            found = found.withColumn(
-                name, F.when(text.rlike(FORMULA), F.concat(F.lit("'"), text)).otherwise(text)
-            )
-    return found
 
 
 def first_findings(spark: SparkSession, parquet: Path) -> dict[str, list[dict[str, Any]]]:
