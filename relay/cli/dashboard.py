@@ -24,8 +24,9 @@ def add_dashboard(commands: Commands) -> None:
         description="Serve the operator dashboard: per topic pending, oldest pending age, "
         "scheduled, dead and sent in the last hour with throughput and commit->ack charts "
         "(updated live); dead letters a page at a time; blocked ordered keys; model B's "
-        "transaction records; reconciliation and comparison reports under --reports. "
-        "Read-only unless --allow-actions.",
+        "transaction records; reconciliation and comparison reports under --reports; /healthz "
+        "(200, or 503 while the database does not answer) for a probe. Read-only unless "
+        "--allow-actions.",
         epilog="It binds 127.0.0.1 unless --bind says otherwise; it serves plain HTTP, so "
         "put a TLS proxy in front of it before binding another address. It answers only "
         "requests whose Host is 127.0.0.1, localhost, [::1], the --bind address or an "

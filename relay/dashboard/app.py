@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import re
-import uuid
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -14,22 +15,27 @@ from pathlib import Path
 from typing import Any
 
 import plotly.offline
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from outbox.engines import engine_from
 from outbox.errors import ConfigError
 from outbox.table import DEAD, PENDING
 from relay import store
+from relay.cli import package_version
 from relay.cli.common import READ_TIMEOUT_S
 from relay.dashboard import guard, reports
+from relay.dashboard.database import Database, DatabaseDown
 from relay.dashboard.halfop import halfop_records
-from relay.dashboard.overview import OVERVIEW_CACHE_S, Cached, RelayMetrics, overview, reading
+from relay.dashboard.overview import OVERVIEW_CACHE_S, Cached, RelayMetrics, overview
+from relay.dashboard.params import MsgId, Params, Text, Whole, checker, number
+from relay.dashboard.params import text as text_param
 from relay.display import duration, failure_json, payload_text
 
 HERE = Path(__file__).parent
@@ -40,6 +46,10 @@ PREVIEW_BYTES = 200  # of each payload in the dead letters' table
 MESSAGE_PREVIEW_BYTES = 4096  # on one message's page
 BLOCKED_SHOWN = 200
 MAX_ROW_ID = 2**63 - 1  # BIGINT
+TOPIC_CHARS = 255  # the topic column's size
+PATH_CHARS = 1024  # of a report file's path, or a login's next page
+RETRY_AFTER_S = 5  # a 503's Retry-After: the overview polls every 3 s
+STARTED = time.monotonic()
 ACTIONS = {
     "requeue": "put it back to pending: the relay publishes it again",
     "skip": "give it up: it is never published, and its key (if ordered) goes on without it",
@@ -64,7 +74,7 @@ HOST_NAME = re.compile(r"(\*\.)?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 
 @dataclass
 class Config:
-    engine: Engine
+    database: Database
     reports: Path | None
     metrics: RelayMetrics | None
     allow_actions: bool
@@ -103,14 +113,15 @@ def create_app(
     else:
         engine = engine_or_url
     metrics = None if metrics_url is None else RelayMetrics(metrics_url)
+    database = Database(engine)
     config = Config(
-        engine,
+        database,
         folder,
         metrics,
         allow_actions,
         token,
         guard.Sessions(),
-        Cached(lambda: overview(engine, metrics), overview_cache_s),
+        Cached(lambda: overview(database, metrics), overview_cache_s),
     )
     owned = engine if isinstance(engine_or_url, str) else None
     app = FastAPI(
@@ -124,9 +135,16 @@ def create_app(
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.middleware("http")(guarded)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False)
-    app.add_exception_handler(HTTPException, error_page)  # type: ignore[arg-type]
-    for path, endpoint, methods in ROUTES:
-        app.add_api_route(path, endpoint, methods=methods, include_in_schema=False)
+    app.add_exception_handler(StarletteHTTPException, error_page)  # type: ignore[arg-type]
+    app.add_exception_handler(DatabaseDown, database_down_page)  # type: ignore[arg-type]
+    for path, endpoint, methods, rules in ROUTES:
+        app.add_api_route(
+            path,
+            endpoint,
+            methods=[*methods, "HEAD"] if "GET" in methods else methods,
+            dependencies=[Depends(checker(rules))],
+            include_in_schema=False,
+        )
     return app
 
 
@@ -213,7 +231,9 @@ def page(request: Request, name: str, context: dict[str, Any], status: int = 200
     return templates.TemplateResponse(request, name, {**shared, **context}, status_code=status)
 
 
-async def error_page(request: Request, exc: HTTPException) -> Response:
+async def error_page(request: Request, exc: StarletteHTTPException) -> Response:
+    """Every refusal (400, 401, 403, 404, 405...) as a page of the dashboard's layout, or
+    JSON under /api/."""
     if request.url.path.startswith("/api/"):
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
     return page(
@@ -221,8 +241,46 @@ async def error_page(request: Request, exc: HTTPException) -> Response:
     )
 
 
+DATABASE_DOWN = (
+    "the database does not answer ({reason}): this page shows again as soon as it does. "
+    "The dashboard's log says why (one line per outage); /healthz tells when it is back."
+)
+
+
+async def database_down_page(request: Request, down: DatabaseDown) -> Response:
+    """A 503 in the dashboard's layout (JSON under /api/), without the driver's text."""
+    detail = DATABASE_DOWN.format(reason=down.reason)
+    headers = {"Retry-After": str(RETRY_AFTER_S)}
+    if request.url.path.startswith("/api/"):
+        return JSONResponse({"error": detail}, status_code=503, headers=headers)
+    response = page(request, "error.html", {"status": 503, "detail": detail}, 503)
+    response.headers.update(headers)
+    return response
+
+
 def bad(detail: str) -> HTTPException:
     return HTTPException(400, detail)
+
+
+# Health
+
+
+def healthz(request: Request) -> Response:
+    """200 and the process's and the database's state as JSON when the database answers
+    (a SELECT 1), 503 when it does not: for a load balancer's or a monitor's probe."""
+    database = config_of(request).database.health()
+    uptime_s = round(time.monotonic() - STARTED, 1)
+    process = {"pid": os.getpid(), "uptime_s": uptime_s, "version": package_version()}
+    up = database["status"] == "up"
+    body = {"status": "ok" if up else "unavailable", "process": process, "database": database}
+    headers = {"Cache-Control": "no-store"}
+    return JSONResponse(body, status_code=200 if up else 503, headers=headers)
+
+
+def favicon() -> Response:
+    """The page's icon where browsers look for it by default (base.html names it too)."""
+    return FileResponse(HERE / "static" / "favicon.svg", media_type="image/svg+xml",
+                        headers={"Cache-Control": "max-age=86400"})  # fmt: skip
 
 
 # Reading
@@ -251,14 +309,22 @@ def plotly_js() -> Response:
 PLOTLY_JS = plotly.offline.get_plotlyjs()
 
 
+DEAD_PARAMS: Params = {
+    "limit": Whole(1, MAX_PAGE),
+    "before": MsgId(),  # as `outbox dead --before`
+    # The next page's link: a row id, which stays valid when that row is deleted.
+    "before_id": Whole(1, MAX_ROW_ID),
+    "topic": Text(TOPIC_CHARS),
+}
+
+
 def dead_page(request: Request) -> Response:
     config = config_of(request)
-    limit = int_param(request, "limit", MAX_PAGE) or PAGE_SIZE
-    before = msg_id_param(request, "before")  # as `outbox dead --before`
-    # The next page's link: a row id, which stays valid when that row is deleted.
-    before_id = int_param(request, "before_id", MAX_ROW_ID)
-    topic = request.query_params.get("topic") or None
-    with reading(config.engine) as conn:
+    limit = number(request, "limit") or PAGE_SIZE
+    before = text_param(request, "before")
+    before_id = number(request, "before_id")
+    topic = text_param(request, "topic")
+    with config.database.reading() as conn:
         now = store.db_clock(conn)
         if before is not None:
             before_id = store.row_id_of(conn, before)
@@ -282,31 +348,20 @@ def dead_row(row: store.Failure, preview: tuple[bytes, int], now: datetime) -> d
     }
 
 
-def int_param(request: Request, name: str, most: int) -> int | None:
-    """A whole number from 1 to ``most``, None when not given."""
-    text = request.query_params.get(name)
-    if text is None or text == "":
-        return None
-    if not text.isdigit() or not 1 <= int(text) <= most:
-        raise bad(f"{name}: must be a whole number from 1 to {most}, not {text[:40]!r}")
-    return int(text)
+def checked_msg_id(request: Request) -> str:
+    """The path's msg_id, checked (MESSAGE_PARAMS): its canonical text."""
+    wanted = text_param(request, "msg_id")
+    assert wanted is not None
+    return wanted
 
 
-def msg_id_param(request: Request, name: str) -> str | None:
-    text = request.query_params.get(name)
-    return None if not text else parse_msg_id(name, text)
+MESSAGE_PARAMS: Params = {"msg_id": MsgId()}
+ACTION_PARAMS: Params = {"msg_id": MsgId(), "action": Text(40)}  # an unknown one: 404
 
 
-def parse_msg_id(name: str, text: str) -> str:
-    try:
-        return str(uuid.UUID(text))
-    except ValueError:
-        raise bad(f"{name}: not a msg_id (a UUID): {text[:40]!r}") from None
-
-
-def message_page(request: Request, msg_id: str) -> Response:
-    wanted = parse_msg_id("msg_id", msg_id)
-    with reading(config_of(request).engine) as conn:
+def message_page(request: Request) -> Response:
+    wanted = checked_msg_id(request)
+    with config_of(request).database.reading() as conn:
         row = store.message(conn, wanted, MESSAGE_PREVIEW_BYTES)
     if row is None:
         raise HTTPException(404, f"no message {wanted} (a typo, or purged by retention)")
@@ -330,7 +385,7 @@ def possible_actions(status: str) -> list[str]:
 
 
 def blocked_page(request: Request) -> Response:
-    with reading(config_of(request).engine) as conn:
+    with config_of(request).database.reading() as conn:
         now = store.db_clock(conn)
         keys = store.dead_heads(conn, BLOCKED_SHOWN)
     rows = [
@@ -345,7 +400,7 @@ def blocked_page(request: Request) -> Response:
 
 
 def halfop_page(request: Request) -> Response:
-    return page(request, "halfop.html", {"records": halfop_records(config_of(request).engine)})
+    return page(request, "halfop.html", {"records": halfop_records(config_of(request).database)})
 
 
 def reports_page(request: Request) -> Response:
@@ -358,8 +413,12 @@ def reports_page(request: Request) -> Response:
     )
 
 
-def report_file(request: Request, path: str) -> Response:
+REPORT_PARAMS: Params = {"path": Text(PATH_CHARS)}
+
+
+def report_file(request: Request) -> Response:
     root = config_of(request).reports
+    path = text_param(request, "path") or ""
     served = None if root is None else reports.served_file(root, path)
     if served is None:
         raise HTTPException(404, "no such report file")
@@ -374,8 +433,11 @@ def login_form(request: Request) -> Response:
         raise HTTPException(403, READ_ONLY)
     form_session(request)
     return page(
-        request, "login.html", {"next": safe_next(request.query_params.get("next")), "wrong": False}
+        request, "login.html", {"next": safe_next(text_param(request, "next")), "wrong": False}
     )
+
+
+LOGIN_PARAMS: Params = {"next": Text(PATH_CHARS)}
 
 
 STALE_FORM = "the form is stale or forged (CSRF token missing or wrong): reload it"
@@ -418,16 +480,16 @@ def safe_next(target: str | None) -> str:
     return target
 
 
-def confirm_page(request: Request, msg_id: str, action: str) -> Response:
+def confirm_page(request: Request, action: str) -> Response:
     config = config_of(request)
     session = request.state.session
     by_token = "authorization" in request.headers
     if config.allow_actions and not by_token and not (session and session.logged_in):
-        wanted = parse_msg_id("msg_id", msg_id)  # the path below is made of checked parts
+        wanted = checked_msg_id(request)  # the path below is made of checked parts
         if action in ACTIONS:
             return RedirectResponse(f"/login?next=/messages/{wanted}/{action}", status_code=303)
-    wanted, _ = action_target(request, msg_id, action)
-    with reading(config_of(request).engine) as conn:
+    wanted, _ = action_target(request, action)
+    with config.database.reading() as conn:
         row = store.message(conn, wanted, PREVIEW_BYTES)
     if row is None:
         raise HTTPException(404, f"no message {wanted}")
@@ -436,7 +498,7 @@ def confirm_page(request: Request, msg_id: str, action: str) -> Response:
     return page(request, "confirm.html", context)
 
 
-def action_target(request: Request, msg_id: str, action: str) -> tuple[str, str]:
+def action_target(request: Request, action: str) -> tuple[str, str]:
     """The msg_id and the actor ('token' or 'session'), or the refusal: 404 for an unknown
     action, 401 without the token; a GET without a session login goes to the login form."""
     config = config_of(request)
@@ -444,7 +506,7 @@ def action_target(request: Request, msg_id: str, action: str) -> tuple[str, str]
         raise HTTPException(403, READ_ONLY)
     if action not in ACTIONS:
         raise HTTPException(404, f"no action {action[:40]!r}: requeue, skip or delete")
-    wanted = parse_msg_id("msg_id", msg_id)
+    wanted = checked_msg_id(request)
     given = guard.bearer(request.headers.get("authorization"))
     if given is not None:
         if not guard.same(given, config.token):
@@ -455,12 +517,12 @@ def action_target(request: Request, msg_id: str, action: str) -> tuple[str, str]
     raise HTTPException(401, "log in with the dashboard's token first (/login)")
 
 
-async def act(request: Request, msg_id: str, action: str) -> Response:
-    wanted, actor = action_target(request, msg_id, action)
+async def act(request: Request, action: str) -> Response:
+    wanted, actor = action_target(request, action)
     if actor == "session":
         await checked_form(request)
-    engine = config_of(request).engine
-    done, said = await run_in_threadpool(run_action, engine, action, wanted)
+    database = config_of(request).database
+    done, said = await run_in_threadpool(run_action, database, action, wanted)
     log.info("dashboard: %s msg_id=%s by %s (%s): %s", action, wanted, client(request), actor, said)
     if actor == "token":
         return JSONResponse(
@@ -471,9 +533,9 @@ async def act(request: Request, msg_id: str, action: str) -> Response:
     return page(request, "done.html", context, 200 if done else 409)
 
 
-def run_action(engine: Engine, action: str, msg_id: str) -> tuple[bool, str]:
+def run_action(database: Database, action: str, msg_id: str) -> tuple[bool, str]:
     """Do ``action`` to a dead (or, for skip, pending) message: (done, what happened)."""
-    with engine.begin() as conn:
+    with database.writing() as conn:
         if action == "requeue":
             done = store.requeue(conn, True, None, [msg_id]) == 1
             return done, "requeued: pending again" if done else "not requeued: it is not dead"
@@ -488,19 +550,23 @@ def client(request: Request) -> str:
     return f"{request.client.host}:{request.client.port}" if request.client else "unknown"
 
 
-ROUTES: list[tuple[str, Callable[..., Any], list[str]]] = [
-    ("/", overview_page, ["GET"]),
-    ("/api/overview", overview_api, ["GET"]),
-    ("/plotly.min.js", plotly_js, ["GET"]),
-    ("/dead", dead_page, ["GET"]),
-    ("/messages/{msg_id}", message_page, ["GET"]),
-    ("/messages/{msg_id}/{action}", confirm_page, ["GET"]),
-    ("/messages/{msg_id}/{action}", act, ["POST"]),
-    ("/blocked", blocked_page, ["GET"]),
-    ("/halfop", halfop_page, ["GET"]),
-    ("/reports", reports_page, ["GET"]),
-    ("/reports/files/{path:path}", report_file, ["GET"]),
-    ("/login", login_form, ["GET"]),
-    ("/login", login, ["POST"]),
-    ("/logout", logout, ["POST"]),
+NO_PARAMS: Params = {}
+# Each route, its methods (HEAD is added to GET's) and its parameters' rules (params.py).
+ROUTES: list[tuple[str, Callable[..., Any], list[str], Params]] = [
+    ("/", overview_page, ["GET"], NO_PARAMS),
+    ("/api/overview", overview_api, ["GET"], NO_PARAMS),
+    ("/healthz", healthz, ["GET"], NO_PARAMS),
+    ("/favicon.ico", favicon, ["GET"], NO_PARAMS),
+    ("/plotly.min.js", plotly_js, ["GET"], NO_PARAMS),
+    ("/dead", dead_page, ["GET"], DEAD_PARAMS),
+    ("/messages/{msg_id}", message_page, ["GET"], MESSAGE_PARAMS),
+    ("/messages/{msg_id}/{action}", confirm_page, ["GET"], ACTION_PARAMS),
+    ("/messages/{msg_id}/{action}", act, ["POST"], ACTION_PARAMS),
+    ("/blocked", blocked_page, ["GET"], NO_PARAMS),
+    ("/halfop", halfop_page, ["GET"], NO_PARAMS),
+    ("/reports", reports_page, ["GET"], NO_PARAMS),
+    ("/reports/files/{path:path}", report_file, ["GET"], REPORT_PARAMS),
+    ("/login", login_form, ["GET"], LOGIN_PARAMS),
+    ("/login", login, ["POST"], NO_PARAMS),
+    ("/logout", logout, ["POST"], NO_PARAMS),
 ]

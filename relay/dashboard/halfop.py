@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Engine, func, inspect, select
+from sqlalchemy import func, inspect, select
 
 from outbox.table import transaction_record as r
+from relay.dashboard.database import Database
 
 LATEST = 50
 
 
-def halfop_records(engine: Engine) -> dict[str, Any] | None:
+def halfop_records(db: Database) -> dict[str, Any] | None:
     """Per producer group: records and the latest one's time; the LATEST records. None
     when the table is not there (a schema before model B's migration)."""
-    with engine.connect() as conn:
+    with db.reading() as conn:
         if not inspect(conn).has_table(r.name, schema=r.schema):
             return None
         groups = conn.execute(

@@ -8,17 +8,17 @@ import math
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import plotly.graph_objects as go
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection
 
 from outbox.secrets import mask_url
 from relay import store
+from relay.dashboard.database import Database
 from relay.metrics import age_s
 
 HOUR = timedelta(hours=1)
@@ -31,10 +31,10 @@ METRICS_CACHE_S = 2.0  # one scrape for all the pages polling within this time
 OVERVIEW_CACHE_S = 2.0  # one set of queries for all the pages polling within this time
 
 
-def overview(engine: Engine, metrics: RelayMetrics | None) -> dict[str, Any]:
+def overview(db: Database, metrics: RelayMetrics | None) -> dict[str, Any]:
     """What /api/overview answers (the overview page shows it but the charts, which its
-    script draws from /api/overview)."""
-    with reading(engine) as conn:
+    script draws from /api/overview); DatabaseDown when the database does not answer."""
+    with db.reading() as conn:
         now = store.db_clock(conn)
         backlog = store.backlog_by_topic(conn, now)
         sent = store.sent_by_topic(conn, now - HOUR)
@@ -50,17 +50,6 @@ def overview(engine: Engine, metrics: RelayMetrics | None) -> dict[str, Any]:
 
 
 COUNTS = ("pending", "scheduled", "dead", "blocked_keys", "sent_1h")
-
-
-@contextmanager
-def reading(engine: Engine) -> Iterator[Connection]:
-    """A connection for a page's reads. PostgreSQL's JIT is off in its transaction: the
-    backlog's correlated subquery makes the planner's estimate huge, and compiling the
-    plan took a second where running it takes tens of milliseconds (bench/dashboard.py)."""
-    with engine.connect() as conn:
-        if conn.dialect.name == "postgresql":
-            conn.execute(text("SET LOCAL jit = off"))
-        yield conn
 
 
 def topic_rows(backlog: Sequence[Any], sent: dict[str, int], now: datetime) -> list[dict[str, Any]]:

@@ -3,6 +3,8 @@ pages, escaping, paging, bad input, read-only refusals, token + CSRF actions, re
 
 from __future__ import annotations
 
+import contextlib
+import html
 import json
 import logging
 import os
@@ -14,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import quote, urlencode
 
 import httpx
 import pytest
@@ -22,13 +25,17 @@ from fastapi.testclient import TestClient
 from markupsafe import escape
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from sqlalchemy import Engine, create_engine, delete, make_url, select, update
+from sqlalchemy import text as sql
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
 
 from outbox import Outbox, migrate
 from outbox.errors import ConfigError
 from outbox.table import outbox_message as t
 from relay.cli.dashboard import is_loopback
 from relay.dashboard import create_app, guard
+from relay.dashboard.app import ROUTES
+from relay.dashboard.params import Rule, Text, Whole
 from relay.dashboard.reports import served_file
 from relay.testing import scratch_schema
 from relay.testing.embedded import free_port
@@ -254,21 +261,69 @@ def test_payload_previews_are_cut_whole_and_bytes_escaped(reader: TestClient) ->
 @pytest.mark.parametrize(
     ("path", "status", "says"),
     [
-        ("/dead?limit=abc", 400, "limit: must be a whole number"),
-        ("/dead?limit=100000", 400, "limit: must be a whole number from 1 to 500"),
-        ("/dead?before=1%3BDROP", 400, "before: not a msg_id"),
-        ("/dead?before_id=-1", 400, "before_id: must be a whole number"),
-        ("/dead?before_id=99999999999999999999", 400, "before_id: must be a whole number"),
+        ("/dead?limit=0005", 200, "Dead letters"),  # leading zeros: still ASCII digits
+        ("/dead?limit=&topic=", 200, "Dead letters"),  # empty: not given
         (f"/dead?before={uuid.UUID(int=7)}", 400, "before: no message"),
-        ("/messages/not-an-id", 400, "msg_id: not a msg_id"),
+        ("/dead?limit=1&limit=2", 400, "limit: given 2 times; give it once"),
         (f"/messages/{uuid.UUID(int=7)}", 404, "no message"),
+        ("/no/such/page", 404, "Not Found"),
     ],
 )
-def test_bad_query_params_are_refused_clearly(
+def test_query_params_given_well_or_naming_no_row(
     reader: TestClient, path: str, status: int, says: str
 ) -> None:
     reply = reader.get(path)
     assert reply.status_code == status and says in reply.text
+    assert 'href="/static/dashboard.css"' in reply.text  # a page of the dashboard's layout
+
+
+VALID = {"msg_id": str(uuid.UUID(int=7)), "action": "requeue", "path": "nightly/report.html"}
+
+
+def bad_values(rule: Rule) -> list[tuple[str, str]]:
+    """(what is wrong, the value) for each class of bad value of a rule."""
+    if isinstance(rule, Whole):
+        return [("a Unicode digit", "\u00b2"), ("an Arabic-Indic digit", "\u0663"),
+                ("5,000 digits", "9" * 5000), ("negative", "-1"), ("zero", "0"),
+                ("past its most", str(rule.most + 1)), ("a fraction", "1.5"),
+                ("a space first", " 1"), ("NUL", "1\x00")]  # fmt: skip
+    if isinstance(rule, Text):
+        return [("NUL", "a\x00b"), ("ESC", "a\x1b[2Jb"), ("a newline", "a\nb"),
+                ("too long", "x" * (rule.most + 1))]  # fmt: skip
+    return [("NUL", "\x00"), ("5,000 digits", "9" * 5000), ("a Unicode digit", "\u00b2"),
+            ("not a UUID", "1;DROP TABLE outbox_message")]  # fmt: skip
+
+
+def bad_parameter_cases() -> Iterator[Any]:
+    """Every parameter of every GET route (ROUTES, as the app is built from it) with each
+    class of bad value of its rule: in the path or in the query."""
+    for route, _endpoint, methods, rules in ROUTES:
+        if "GET" not in methods:
+            continue
+        for name, rule in rules.items():
+            for what, value in bad_values(rule):
+                path = route.replace("{path:path}", "{path}")
+                wanted = {**VALID, name: value}
+                filled = path.format(**{k: quote(v, safe="") for k, v in wanted.items()})
+                if f"{{{name}}}" not in path:
+                    filled += "?" + urlencode({name: value})
+                # Starlette's {path:path} stops at a line break: no route, a 404 page.
+                status = 404 if ":path}" in route and "\n" in value else 400
+                yield pytest.param(filled, name, rule, status, id=f"{route} {name}: {what}")
+
+
+@pytest.mark.parametrize(("path", "name", "rule", "status"), list(bad_parameter_cases()))
+def test_a_bad_parameter_is_a_400_naming_it_and_its_rule(
+    reader: TestClient, path: str, name: str, rule: Rule, status: int
+) -> None:
+    """Before the fix: a Unicode digit passed isdigit() and int() refused it (500), 5,000
+    digits made int() raise (500), and a NUL in a topic was PostgreSQL's error (500)."""
+    reply = reader.get(path)
+    assert reply.status_code == status, reply.text[-300:]
+    said = html.unescape(reply.text)
+    if status == 400:
+        assert f"{name}: must be {rule.rule}, not " in said
+    assert 'href="/static/dashboard.css"' in reply.text  # the dashboard's own page
 
 
 def test_read_only_refuses_every_post(seeded: Seeded, reader: TestClient) -> None:
@@ -500,3 +555,118 @@ def answers(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/api/overview", timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_head_answers_every_page_as_get_without_a_body(seeded: Seeded, reader: TestClient) -> None:
+    for path in [*PAGES[:-1], f"/messages/{seeded.head}", "/healthz", "/favicon.ico"]:
+        got, head = reader.get(path), reader.head(path)
+        assert head.status_code == 200 and head.content == b"", path
+        assert head.headers["content-type"] == got.headers["content-type"], path
+        assert int(head.headers["content-length"]) > 0, path
+
+
+def test_favicon_is_served_and_named_by_every_page(reader: TestClient) -> None:
+    for path in ["/favicon.ico", "/static/favicon.svg"]:
+        icon = reader.get(path)
+        assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg")
+        assert icon.text.startswith("<svg"), path
+    for path in ["/", "/dead", "/dead?limit=0"]:  # a 400 page too
+        assert '<link rel="icon" href="/static/favicon.svg"' in reader.get(path).text, path
+
+
+def test_healthz_says_process_and_database(reader: TestClient) -> None:
+    reply = reader.get("/healthz")
+    assert reply.status_code == 200, reply.text
+    health = reply.json()
+    assert health["status"] == "ok" and health["database"]["status"] == "up"
+    assert health["process"]["pid"] == os.getpid() and health["process"]["uptime_s"] >= 0
+    assert reply.headers["cache-control"] == "no-store"
+
+
+def nothing_listening() -> str:
+    """A PostgreSQL URL on a free port: connecting is refused, as when the server is down."""
+    return f"postgresql+psycopg://outbox:{PASSWORD}@127.0.0.1:{free_port()}/gone"
+
+
+DOWN_PAGES = ["/", "/dead", "/dead?topic=a", "/blocked", "/halfop", f"/messages/{uuid.UUID(int=7)}"]
+
+
+def test_a_database_down_is_a_styled_503_and_one_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before the fix: a bare "Internal Server Error" and a traceback per request."""
+    url = nothing_listening()
+    port = str(make_url(url).port)
+    with caplog.at_level(logging.INFO), browse(create_app(url)) as client:
+        for _ in range(3):
+            for path in DOWN_PAGES:
+                reply = client.get(path)
+                assert reply.status_code == 503, (path, reply.text[-300:])
+                assert 'href="/static/dashboard.css"' in reply.text and "<nav>" in reply.text
+                assert "the database does not answer" in reply.text, path
+                assert port not in reply.text and PASSWORD not in reply.text, path
+                assert reply.headers["retry-after"] == "5"
+            api = client.get("/api/overview")
+            assert api.status_code == 503 and "does not answer" in api.json()["error"]
+            health = client.get("/healthz")
+            assert health.status_code == 503 and health.json()["status"] == "unavailable"
+            assert health.json()["database"]["status"] == "down"
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    [line] = lines
+    assert line.name == "relay.dashboard" and line.exc_info is None
+    assert "unreachable" in line.getMessage() and port in line.getMessage()
+    assert PASSWORD not in line.getMessage()
+
+
+@contextlib.contextmanager
+def scratch_database() -> Iterator[tuple[str, Engine]]:
+    """A PostgreSQL database of its own (URL, and a superuser's engine to admit or refuse
+    its connections), dropped afterwards."""
+    name = "dash_" + uuid.uuid4().hex[:12]
+    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with admin.connect() as conn:
+        conn.execute(sql(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False), admin
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sql(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def admit(admin: Engine, url: str, allowed: bool) -> None:
+    """Let the database take connections again, or refuse them and end those it has."""
+    name = make_url(url).database
+    with admin.connect() as conn:
+        conn.execute(sql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allowed).lower()}'))
+        if not allowed:
+            conn.execute(
+                sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
+                {"n": name},
+            )
+
+
+def test_an_outage_is_logged_when_it_starts_and_when_it_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The database goes away under a running dashboard and comes back: one WARNING line
+    for its requests while it is away, one INFO line when it answers again."""
+    with scratch_database() as (url, admin):
+        migrate.upgrade(url)
+        with (
+            caplog.at_level(logging.INFO, logger="relay.dashboard"),
+            browse(create_app(url, overview_cache_s=0)) as client,
+        ):
+            assert client.get("/api/overview").status_code == 200
+            admit(admin, url, False)
+            for _ in range(4):
+                for path in ["/api/overview", "/dead", "/healthz"]:
+                    assert client.get(path).status_code == 503, path
+            admit(admin, url, True)
+            for path in ["/api/overview", "/dead", "/healthz"]:
+                assert client.get(path).status_code == 200, path
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "relay.dashboard"]
+    assert [level for level, _ in said] == ["WARNING", "INFO"], said
+    assert "unreachable" in said[0][1] and "recovered" in said[1][1]
+    assert "12 failed attempt(s)" in said[1][1]

@@ -1,10 +1,13 @@
-"""The dashboard in headless Chromium: the overview updates itself, a hostile payload
-never runs, and a dead message requeued through the login form and the confirm step is
-then delivered by a real relay."""
+"""The dashboard in headless Chromium: the overview updates itself and greys its figures
+when an update fails, a hostile payload never runs, every page fits a 420 px screen, and
+a dead message requeued through the login form and the confirm step is then delivered
+by a real relay."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -24,7 +27,7 @@ from outbox.table import outbox_message as t
 from relay.dashboard import create_app
 from relay.testing.embedded import NatsServer, free_port
 from tests.acceptance.test_cli import OUTBOX, count
-from tests.browser import VIEWPORT, screenshot
+from tests.browser import BUSY_MACHINE_MS, VIEWPORT, screenshot
 from tests.helpers import wait_until
 
 TOKEN = "token-" + uuid.uuid4().hex
@@ -134,3 +137,61 @@ def test_dead_message_requeued_with_the_token_is_delivered(
     page.goto(f"{dashboard}/messages/{dead}")
     expect(page.locator("#message")).to_contain_text("sent")
     assert list(tmp_path.glob("*.png"))
+
+
+def test_overview_greys_stale_figures_until_an_update_works_again(
+    page: Page, dashboard: str, tmp_path: Path
+) -> None:
+    """An update that fails (the database down: /api/overview answers 503) leaves the last
+    figures on the page: they turn grey under a "stale since" badge, which goes when an
+    update works again. Every page names an icon that is there: no 404 in the console."""
+    failed: list[tuple[int, str]] = []
+    page.on("response", lambda r: failed.append((r.status, r.url)) if r.status >= 400 else None)
+    page.goto(dashboard + "/")
+    expect(page.locator("body")).to_have_attribute("data-refreshed", re.compile(r"\d"))
+    stale, total = page.locator("#stale"), page.locator('#total [data-field="pending"]')
+    expect(stale).to_be_hidden()
+    fresh_colour = total.evaluate("cell => getComputedStyle(cell).color")
+    down = json.dumps({"error": "the database does not answer (OperationalError)"})
+    page.route("**/api/overview", lambda route: route.fulfill(status=503, body=down))
+    expect(stale).to_have_text(re.compile(r"^stale since \d\d:\d\d:\d\d$"))
+    expect(page.locator("body")).to_have_class(re.compile(r"\bstale\b"))
+    assert "does not answer" in (stale.get_attribute("title") or "")
+    assert total.evaluate("cell => getComputedStyle(cell).color") != fresh_colour
+    screenshot(page, tmp_path, "overview-stale")
+    page.unroute("**/api/overview")
+    expect(stale).to_be_hidden()
+    expect(page.locator("body")).not_to_have_class(re.compile(r"\bstale\b"))
+    icon = page.locator('link[rel="icon"]').get_attribute("href")
+    assert page.request.get(dashboard + str(icon)).status == 200
+    assert page.request.get(dashboard + "/favicon.ico").status == 200
+    assert [(s, u) for s, u in failed if not u.endswith("/api/overview")] == []
+
+
+NARROW = {"width": 420, "height": 800}
+
+
+def test_every_page_fits_a_420_px_screen(
+    browser: Browser, dashboard: str, pg_url: str, tmp_path: Path
+) -> None:
+    """No page scrolls sideways on a phone: tables scroll inside their own box."""
+    long = "shop.orders.europe.west.priority-" + "x" * 60
+    [dead] = send(pg_url, long, 1, b'{"order": "' + b"y" * 300 + b'"}')
+    head, _behind = send(pg_url, "shop.ordered", 2)
+    change(pg_url, [dead], status="dead", attempts=5, last_error="broker said no: " + "z" * 200)
+    change(pg_url, [head], key="customer-42", seq=1, status="dead", last_error="boom")
+    context = browser.new_context(viewport=NARROW)  # type: ignore[arg-type]
+    context.set_default_timeout(BUSY_MACHINE_MS)
+    page = context.new_page()
+    try:
+        for path in ["/", "/dead", "/blocked", "/halfop", "/reports", f"/messages/{dead}",
+                     f"/messages/{dead}/requeue", "/dead?limit=%C2%B2"]:  # fmt: skip
+            page.goto(dashboard + path)
+            if path == "/":
+                expect(page.locator("body")).to_have_attribute("data-refreshed", re.compile(r"\d"))
+                expect(page.locator("#chart-throughput .main-svg").first).to_be_visible()
+            wide = page.evaluate("document.documentElement.scrollWidth")
+            assert wide <= NARROW["width"], (path, wide)
+            screenshot(page, tmp_path, "narrow" + re.sub(r"[^a-z0-9]+", "-", path))
+    finally:
+        context.close()

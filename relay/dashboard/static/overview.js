@@ -60,17 +60,45 @@
     if (window.Plotly) window.Plotly.react(id, figure.data, figure.layout, { displaylogo: false, responsive: true });
   }
 
+  // An update that fails leaves the figures of the last one that worked: they are greyed
+  // and a badge says since when (the first failure), until an update works again.
+  let staleSince = null;
+
+  function markStale(reason) {
+    if (staleSince === null) staleSince = new Date();
+    const badge = document.getElementById("stale");
+    badge.textContent = "stale since " + staleSince.toTimeString().slice(0, 8);
+    badge.title = "update failed (" + reason + "), retrying";
+    badge.hidden = false;
+    document.body.classList.add("stale");
+  }
+
+  function markFresh() {
+    staleSince = null;
+    document.getElementById("stale").hidden = true;
+    document.body.classList.remove("stale");
+  }
+
+  function failure(reply) {
+    // The dashboard's JSON error ({"error": ...}) when it sent one, else the status alone.
+    return reply.json().then(
+      function (body) { return new Error(reply.status + ": " + (body.error || reply.statusText)); },
+      function () { return new Error(String(reply.status)); }
+    ).then(function (error) { throw error; });
+  }
+
   function refresh() {
     return fetch("/api/overview", { headers: { Accept: "application/json" } })
-      .then(function (reply) { if (!reply.ok) throw new Error(reply.status); return reply.json(); })
+      .then(function (reply) { return reply.ok ? reply.json() : failure(reply); })
       .then(function (data) {
         updateTopics(data);
         updateMetrics(data.metrics);
         draw("chart-throughput", data.charts.throughput);
         draw("chart-latency", data.charts.latency);
+        markFresh();
         document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed || 0) + 1);
       })
-      .catch(function (error) { document.getElementById("updated").textContent = "update failed (" + error.message + "), retrying"; });
+      .catch(function (error) { markStale(error.message); });
   }
 
   // The next poll only after this one: a slow answer never piles requests up.
