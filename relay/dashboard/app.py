@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import ipaddress
 import logging
 import os
@@ -28,7 +29,6 @@ from outbox.engines import engine_from
 from outbox.errors import ConfigError
 from outbox.table import DEAD, PENDING
 from relay import store
-from relay.cli import package_version
 from relay.cli.common import READ_TIMEOUT_S
 from relay.dashboard import guard, reports
 from relay.dashboard.database import Database, DatabaseDown
@@ -275,6 +275,14 @@ def healthz(request: Request) -> Response:
     body = {"status": "ok" if up else "unavailable", "process": process, "database": database}
     headers = {"Cache-Control": "no-store"}
     return JSONResponse(body, status_code=200 if up else 503, headers=headers)
+
+
+def package_version() -> str:
+    """The installed distribution's version (relay.cli's is not imported: it imports us)."""
+    try:
+        return importlib.metadata.version("outbox-relay")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout never installed
+        return "unknown (not installed)"
 
 
 def favicon() -> Response:
