@@ -351,8 +351,10 @@ def register(
     return collector
 
 
-def serve(relay: Watched, port: int, addr: str = "0.0.0.0") -> Any:
-    """Serve /metrics of ``relay`` on ``port``; returns the server (it runs in a thread).
+def serve(relay: Watched, port: int, addr: str = "127.0.0.1") -> Any:
+    """Serve /metrics of ``relay`` on ``port`` at ``addr``; returns the server (it runs in a
+    thread). Loopback by default, like the dashboard: a scraper on another machine needs
+    ``addr`` said (``outbox relay --metrics-addr 0.0.0.0``).
 
     Counts what the relay does from now on: call it before it starts work (a Relay with
     ``metrics_port`` does).

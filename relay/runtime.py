@@ -64,8 +64,8 @@ class Relay(Lifecycle):
       without this duty too, for sweeps on demand (``outbox drain``);
     - with either duty, ``scheduler`` publishes scheduled messages once due (submitted
       ones are its hints, others are read from the table);
-    - ``metrics_port``: serve Prometheus ``/metrics`` on ``metrics_addr`` (needs the
-      [metrics] extra).
+    - ``metrics_port``: serve Prometheus ``/metrics`` on ``metrics_addr`` (loopback unless
+      said; needs the [metrics] extra).
 
     ``name`` names the broker loop's thread. The engine stays the caller's to dispose,
     unless ``own_engine``: then stop() disposes of it (an engine made for this relay alone,
@@ -84,7 +84,7 @@ class Relay(Lifecycle):
         retention: bool = True,
         concurrency: int = 1,
         metrics_port: int | None = None,
-        metrics_addr: str = "0.0.0.0",
+        metrics_addr: str = "127.0.0.1",
         name: str = "outbox-relay",
         own_engine: bool = False,
     ) -> None:

@@ -77,7 +77,10 @@ def add_relay(commands: Commands) -> None:
         help=f"serve Prometheus /metrics on this port ({PORT.range}; needs the [metrics] extra)",
     )
     rel.add_argument(
-        "--metrics-addr", default="0.0.0.0", help="address for /metrics (default 0.0.0.0)"
+        "--metrics-addr",
+        default="127.0.0.1",
+        help="address /metrics listens on (default 127.0.0.1, this machine only, like the "
+        "dashboard; 0.0.0.0 for a Prometheus on another machine)",
     )
 
 
