@@ -242,7 +242,7 @@ async def error_page(request: Request, exc: StarletteHTTPException) -> Response:
 
 
 DATABASE_DOWN = (
-    "the database does not answer ({reason}): this page shows again as soon as it does. "
+    "the database does not answer ({reason}): this page reloads itself until it does. "
     "The dashboard's log says why (one line per outage); /healthz tells when it is back."
 )
 
@@ -253,7 +253,8 @@ async def database_down_page(request: Request, down: DatabaseDown) -> Response:
     headers = {"Retry-After": str(RETRY_AFTER_S)}
     if request.url.path.startswith("/api/"):
         return JSONResponse({"error": detail}, status_code=503, headers=headers)
-    response = page(request, "error.html", {"status": 503, "detail": detail}, 503)
+    context = {"status": 503, "detail": detail, "retry_after_s": RETRY_AFTER_S}  # reloads itself
+    response = page(request, "error.html", context, 503)
     response.headers.update(headers)
     return response
 

@@ -606,6 +606,7 @@ def test_a_database_down_is_a_styled_503_and_one_log_line(
                 assert "the database does not answer" in reply.text, path
                 assert port not in reply.text and PASSWORD not in reply.text, path
                 assert reply.headers["retry-after"] == "5"
+                assert '<meta http-equiv="refresh" content="5">' in reply.text  # reloads itself
             api = client.get("/api/overview")
             assert api.status_code == 503 and "does not answer" in api.json()["error"]
             health = client.get("/healthz")
