@@ -1,5 +1,6 @@
 """Engines and drivers: an Engine or AsyncEngine for a database URL, with the driver's
-timeouts; the sync and async driver of one database; database and broker URL checks."""
+timeouts; the sync and async driver of one database; the relay's engine beside the app's
+(``relay_engine``); whether a connection autocommits; database and broker URL checks."""
 
 from __future__ import annotations
 

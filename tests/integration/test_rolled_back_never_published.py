@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool, SingletonThreadPool, StaticPool
 
 from outbox import Outbox, migrate, outbox_message, rows
-from outbox.engines import async_url
+from outbox.engines import async_url, relay_engine
 from outbox.errors import ConfigError, NotTransactional
 from outbox.message import build_message
 from relay.testing import MemoryBroker
@@ -381,3 +381,39 @@ def test_an_async_send_refuses_autocommit_before_the_row_is_written(
             assert_only_the_witness_is_published(db_url, memory_broker(ob))
     finally:
         sync_engine.dispose()
+
+
+# --- The relay's engine ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pool", [None, NullPool])
+def test_a_pool_of_distinct_connections_is_shared_with_the_relay(
+    sqlite_url: str, pool: Any
+) -> None:
+    """One engine and one pool for the app and its relay, where the pool allows it."""
+    engine = create_engine(sqlite_url, **({"poolclass": pool} if pool else {}))
+    assert relay_engine(engine) is engine
+    engine.dispose()
+
+
+def test_the_relays_own_engine_connects_as_the_apps_does(pg_url: str) -> None:
+    """Under StaticPool the relay's engine is its own, with the app's driver arguments,
+    connect listeners and execution options: it reaches the same table (a listener's
+    search_path, a schema_translate_map), through connections that are not the app's."""
+    engine = create_engine(pg_url, poolclass=StaticPool,
+                           execution_options={"schema_translate_map": {None: None}})  # fmt: skip
+    heard: list[object] = []
+    event.listen(engine, "connect", lambda dbapi, record: heard.append(dbapi))
+    own = relay_engine(engine)
+    try:
+        assert own is not engine and own.pool is not engine.pool
+        assert own.get_execution_options() == engine.get_execution_options()
+        with engine.connect() as app, own.connect() as relay:
+            path = text("SELECT current_setting('search_path')")
+            assert relay.execute(path).scalar() == app.execute(path).scalar()
+            pid = text("SELECT pg_backend_pid()")
+            assert relay.execute(pid).scalar() != app.execute(pid).scalar()
+        assert len(heard) == 2  # the app's listener ran for the relay's connection too
+    finally:
+        own.dispose()
+        engine.dispose()
