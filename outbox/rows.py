@@ -259,7 +259,16 @@ def cancel(conn: Session | Connection, msg_id: str) -> bool:
 
 def cancel_written(conn: Session | Connection, msg_id: str) -> bool | None:
     """``cancel`` of a written row: whether it changed it, or None when no row ``msg_id``
-    is in the table (yet)."""
+    is in the table (yet). A Session in AUTOCOMMIT raises ``NotTransactional``: its cancel
+    would stand even if the work around it rolled back."""
+    if isinstance(conn, Session) and autocommits(
+        held := conn.connection(bind_arguments={"clause": outbox_message})
+    ):
+        raise NotTransactional(
+            f"session: its connection to {url_of(held.engine)} is in AUTOCOMMIT, committing "
+            "each statement at once: a cancel there would stand even if the work around it "
+            "rolled back; cancel() in a transaction; nothing was canceled"
+        )
     if cancel(conn, msg_id):
         return True
     found = conn.execute(select(outbox_message.c.id).where(

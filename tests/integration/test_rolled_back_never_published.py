@@ -17,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, select, text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
@@ -31,6 +32,7 @@ from outbox import Outbox, migrate, outbox_message, rows
 from outbox.engines import async_url, relay_engine
 from outbox.errors import ConfigError, NotTransactional
 from outbox.message import build_message
+from outbox.table import PENDING
 from relay.testing import MemoryBroker
 from tests.helpers import count_rows, wait_until
 
@@ -307,6 +309,30 @@ def test_send_refuses_an_autocommitting_session_before_writing(any_db: str, setu
             session.rollback()
         assert count_rows(any_db, outbox_message.c.topic == ROLLED_BACK) == 0
         assert ob.committed == 0
+    finally:
+        ob.stop()
+        engine.dispose()
+
+
+@pytest.mark.parametrize("setup", ["engine", "connection", "session"])
+def test_cancel_refuses_an_autocommitting_session(any_db: str, setup: str) -> None:
+    """Without the check, the cancel's UPDATE committed at once and stood after the
+    rollback of the work around it: the scheduled message was never published."""
+    migrate.upgrade(any_db)
+    engine = create_engine(any_db)
+    ob = Outbox(engine)
+    try:
+        with Session(engine) as session, session.begin():
+            msg_id = ob.send(session, ROLLED_BACK, {"n": 1}, delay=3600)
+        with autocommit_session(setup, any_db) as session:
+            with pytest.raises(NotTransactional, match=r"AUTOCOMMIT.*nothing was canceled"):
+                ob.cancel(session, msg_id)
+            session.rollback()
+        with engine.connect() as conn:
+            status = conn.execute(
+                select(outbox_message.c.status).where(outbox_message.c.msg_id == uuid.UUID(msg_id))
+            ).scalar_one()
+        assert status == PENDING
     finally:
         ob.stop()
         engine.dispose()
