@@ -87,7 +87,13 @@ class Broker(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class LogEntry:
-    """One message as the broker holds it, read back."""
+    """One message as the broker holds it, read back.
+
+    An entry the relay cannot have written (a stranger's: headers that are not JSON or
+    not text, no msg_id, an Outbox-Seq that is no whole number) is still one entry:
+    ``malformed`` says why, ``raw`` holds its fields as printable ASCII (escaped, cut
+    short), and the other fields hold what could be salvaged. Readers never raise for it.
+    """
 
     msg_id: str | None  # None: stored by someone else than the relay
     topic: str
@@ -97,6 +103,8 @@ class LogEntry:
     headers: dict[str, str]  # the app's headers, key and tags (never the broker's own)
     # What the broker keeps beside the headers, by its own names (AMQP's content_type).
     properties: dict[str, object] = field(default_factory=dict)
+    malformed: str | None = None  # why the relay cannot have written it; None: it could
+    raw: str | None = None  # a malformed entry's fields, escaped (relay.brokers.base.raw_text)
 
 
 @runtime_checkable

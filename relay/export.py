@@ -286,7 +286,8 @@ def log_row(entry: LogEntry) -> LogRow:
     headers = entry.headers
     return {"msg_id": entry.msg_id, "topic": entry.topic, "seq": entry.seq,
             "broker_ts": entry.broker_ts, "key": headers.get(KEY_HEADER),
-            "outbox_seq": number(headers.get(SEQ_HEADER))}  # fmt: skip
+            "outbox_seq": number(headers.get(SEQ_HEADER)), "malformed": entry.malformed,
+            "raw": entry.raw}  # fmt: skip
 
 
 def number(text: str | None) -> int | None:
@@ -304,13 +305,19 @@ def export_broker(
     since: datetime | None = None,
     until: datetime | None = None,
     added: Added = nothing,
+    malformed: Added = nothing,
 ) -> int:
     """Write what a broker's log holds (stored in [since, until)) to ``out``, for every
     broker alike: ``reader`` is its adapter (``relay.brokers.reader_for(url)``) or a test
-    double, ``sources`` where the log is (see ``outbox.broker.LogReader``)."""
+    double, ``sources`` where the log is (see ``outbox.broker.LogReader``).
+
+    An entry the relay cannot have written (a stranger's) is a row too, its ``malformed``
+    column saying why and ``raw`` holding its fields, escaped; ``malformed`` is told how
+    many each chunk held. The reconciliation reports them; they never stop the export."""
 
     async def rows() -> AsyncIterator[list[LogRow]]:
         async for entries in reader.read_log(sources, since, until):
+            malformed(sum(1 for entry in entries if entry.malformed is not None))
             yield [log_row(entry) for entry in entries]
 
     return write_async_chunks(rows(), out, BROKER, added)

@@ -12,7 +12,9 @@ message the app canceled, `Outbox.cancel`: never expected), duplicated (extra co
 of a msg_id at the broker), phantom (at the broker in the window, with no ledger row at
 all), out_of_order (an ordered message whose first
 delivery came after a later message of its key, by ``Outbox-Seq``; see
-spark_jobs.ordering), malformed (ledger rows without a usable msg_id), and
+spark_jobs.ordering), malformed (ledger rows without a usable msg_id),
+malformed_at_broker (entries at the broker the relay cannot have written: the export's
+``malformed`` column says why), and
 latency p50/p90/p99/max from when a message was due (its commit, or its deliver_at) to
 the broker.
 
@@ -20,7 +22,8 @@ Runs locally (``outbox reconcile``) and unchanged under ``spark-submit
 ship/reconcile.py ...`` (``python -m spark_jobs.bundle ship`` writes the package as a zip
 for ``--py-files`` and that entry file: it imports neither outbox nor relay); tables are
 never collected whole into the driver, only the aggregates (and report.html's first 20
-out-of-order deliveries). Exit status 3 when lost, phantom or out_of_order > 0, for
+out-of-order deliveries). Exit status 3 when lost, phantom, out_of_order or
+malformed_at_broker > 0, for
 schedulers; else 4 when stuck > 0 (late, not lost: the relay or the broker is stalled);
 1 when the job failed (one line naming the cause: a missing input or column is found
 before Spark starts, Spark's own errors are cut to their root cause); 2 bad usage
@@ -190,7 +193,8 @@ def run(args: argparse.Namespace, prog: str = "reconcile") -> int:
 
 
 def exit_status(total: dict[str, Any]) -> int:
-    """3 for lost, phantom or out-of-order messages; else 4 for stuck ones; else 0."""
+    """3 for lost, phantom or out-of-order messages or malformed entries at the broker;
+    else 4 for stuck ones; else 0."""
     from spark_jobs.report import alarming, late
 
     return EXIT_DISCREPANCY if alarming(total) else EXIT_STUCK if late(total) else 0

@@ -26,8 +26,11 @@ LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 1000
 KLL_K = 4000
 PERCENTILES = (("latency_p50_ms", 0.5), ("latency_p90_ms", 0.9), ("latency_p99_ms", 0.99))
 KINDS = ("delivered", "pending", "stuck", "scheduled", "lost", "dead", "skipped", "canceled",
-         "phantom", "malformed")  # fmt: skip
-FOUND = ("lost", "stuck", "phantom", "dead", "skipped", "malformed")  # kinds discrepancies/ lists
+         "phantom", "malformed", "malformed_at_broker")  # fmt: skip
+# kinds discrepancies/ lists
+FOUND = ("lost", "stuck", "phantom", "dead", "skipped", "malformed", "malformed_at_broker")
+# Kinds of the broker's side alone: no ledger row, not counted as committed.
+BROKER_ONLY = ("phantom", "malformed_at_broker")
 LISTED = 20  # findings of each kind report.html shows; discrepancies/ has them all
 # discrepancies/ and discrepancies.csv: one row per finding, in this column order.
 FINDING_COLUMNS = ("kind", "msg_id", "topic", "created_at", "details", "attempts", "copies",
@@ -48,10 +51,16 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
     msg_id's first copy, in its key's lane, says whether it came out of order
     (``after_seq``, spark_jobs.ordering): judged over the whole log, so a key's earlier
     deliveries count even when they are older than the window. A ledger row without a
-    usable msg_id is malformed, counted in the window of its commit.
+    usable msg_id is malformed, counted in the window of its commit. A broker entry the
+    relay cannot have written (its ``malformed`` column set by the export) is
+    malformed_at_broker, counted in the window of its broker_ts (or always, without
+    one); it matches no ledger row, so it is never delivered nor a phantom.
     """
     ledger = with_ledger_columns(ledger)
     valid = ledger.where(F.col("msg_id").isNotNull() & (F.length("msg_id") > 0))
+    broker = with_broker_columns(broker)
+    strangers = broker.where(F.col("malformed").isNotNull())
+    broker = broker.where(F.col("malformed").isNull())
     copies = broker_copies(broker, window).join(ordering.first_deliveries(broker), "msg_id", "left")
     in_ledger = F.col("created_at").isNotNull()
     in_window = (F.col("created_at") >= F.lit(window.start)) & (
@@ -97,7 +106,40 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
     malformed = labelled(
         malformed, "malformed", F.concat(F.lit("ledger id "), F.col("id").cast("string"))
     )
-    return judged.unionByName(malformed)
+    return judged.unionByName(malformed).unionByName(malformed_entries(strangers, window))
+
+
+def with_broker_columns(broker: DataFrame) -> DataFrame:
+    """The broker log with ``malformed`` (and ``seq`` as text): null where the export
+    had none (an export made before malformed entries were kept)."""
+    if "malformed" not in broker.columns:
+        broker = broker.withColumn("malformed", F.lit(None).cast("string"))
+    return broker
+
+
+def malformed_entries(strangers: DataFrame, window: Window) -> DataFrame:
+    """One malformed_at_broker row per entry the relay cannot have written, stored in the
+    window (or without a broker time): its salvaged msg_id (or null), topic, and why and
+    where in ``details`` ("<reason> (entry <seq>)"); the rest of its fields are in the
+    broker log's ``raw`` column."""
+    in_window = F.col("broker_ts").isNull() | (
+        (F.col("broker_ts") >= F.lit(window.start)) & (F.col("broker_ts") < F.lit(window.end))
+    )
+    where = F.concat(F.lit(" (entry "), F.coalesce(F.col("seq").cast("string"), F.lit("?")))
+    return strangers.where(in_window).select(
+        "msg_id",
+        "topic",
+        F.lit("malformed_at_broker").alias("kind"),
+        F.lit(1).cast("long").alias("copies"),
+        F.lit(None).cast("double").alias("latency_ms"),
+        F.concat(F.col("malformed"), where, F.lit(")")).alias("details"),
+        F.lit(None).cast("string").alias("key"),
+        F.lit(None).cast("bigint").alias("seq"),
+        F.lit(None).cast("bigint").alias("after_seq"),
+        F.lit(None).cast("timestamp").alias("created_at"),
+        F.lit(None).cast("int").alias("attempts"),
+        F.col("broker_ts").alias("first_at_broker"),
+    )
 
 
 def broker_copies(broker: DataFrame, window: Window) -> DataFrame:
@@ -206,7 +248,7 @@ def summarise(classified: DataFrame) -> dict[str, Any]:
     delivered = F.col("kind") == "delivered"
     counts = [F.sum(F.when(F.col("kind") == k, 1).otherwise(0)).alias(k) for k in KINDS]
     counts += [
-        F.sum(F.when(F.col("kind") != "phantom", 1).otherwise(0)).alias("committed"),
+        F.sum(F.when(~F.col("kind").isin(*BROKER_ONLY), 1).otherwise(0)).alias("committed"),
         F.sum(F.when(F.col("copies") > 1, F.col("copies") - 1).otherwise(0)).alias("duplicated"),
         F.sum(F.when(F.col("after_seq").isNotNull(), 1).otherwise(0)).alias("out_of_order"),
     ]
@@ -358,7 +400,9 @@ def sized_inputs(ledger_path: str, broker_path: str, halfop_path: str | None) ->
 def outcome(total: dict[str, Any]) -> str:
     """The counts a reader looks for first, in a step line."""
     names = ("delivered", "pending", "stuck", "lost", "phantom")
-    return ", ".join(f"{total.get(name) or 0} {name}" for name in names)
+    said = ", ".join(f"{total.get(name) or 0} {name}" for name in names)
+    strangers = total.get("malformed_at_broker") or 0
+    return said + (f", {strangers} malformed at the broker" if strangers else "")
 
 
 def write_discrepancies(classified: DataFrame, path: Path) -> int:

@@ -19,7 +19,10 @@ if TYPE_CHECKING:
 # report.html's table of counts per topic, under grouped headers.
 COUNT_GROUPS = (
     ("messages", ("committed", "delivered", "pending", "stuck", "scheduled")),
-    ("discrepancies", ("lost", "phantom", "out_of_order", "duplicated", "malformed")),
+    (
+        "discrepancies",
+        ("lost", "phantom", "out_of_order", "duplicated", "malformed", "malformed_at_broker"),
+    ),
     ("not expected at the broker", ("dead", "skipped", "canceled")),
 )
 COUNT_COLUMNS = tuple(c for _, group in COUNT_GROUPS for c in group)
@@ -32,26 +35,28 @@ HEADERS = {
     "stuck": "stuck (pending past SLA)", "scheduled": "scheduled (due later)", "lost": "lost",
     "dead": "dead-lettered", "skipped": "skipped", "canceled": "canceled",
     "duplicated": "extra copies", "phantom": "phantom", "out_of_order": "out of order",
-    "malformed": "malformed rows", "latency_p50_ms": "p50", "latency_p90_ms": "p90",
+    "malformed": "malformed rows", "malformed_at_broker": "malformed at the broker",
+    "latency_p50_ms": "p50", "latency_p90_ms": "p90",
     "latency_p99_ms": "p99", "latency_max_ms": "max", "halfs": "halfs",
     "half_writes": "half writes", "ops": "ops", "checks": "check requests",
     "unresolved": "unresolved", "discarded": "discarded",
 }  # fmt: skip
 KINDS = (
     "delivered", "pending", "stuck", "scheduled", "lost", "dead", "skipped", "canceled",
-    "duplicated", "phantom", "out_of_order", "malformed",
+    "duplicated", "phantom", "out_of_order", "malformed", "malformed_at_broker",
 )  # fmt: skip
 # What makes a run fail (exit status 3, verdict DISCREPANCIES): data lost, invented or
-# reordered. Dead and skipped messages are the relay's and the operator's to report;
-# scheduled (not due by the window's end) and canceled ones are not expected at all.
-ALARMS = ("lost", "phantom", "out_of_order")
+# reordered, or entries at the broker the relay cannot have written (a stranger's).
+# Dead and skipped messages are the relay's and the operator's to report; scheduled
+# (not due by the window's end) and canceled ones are not expected at all.
+ALARMS = ("lost", "phantom", "out_of_order", "malformed_at_broker")
 # Late, not lost (verdict STUCK, exit status 4): committed, still pending in the table
 # past the SLA, so the sweeper may yet deliver them; the relay or the broker is stalled.
 LATE = ("stuck",)
 LATE_COLUMNS = ("topic", "key", "msg_id", "seq", "after_seq")
 # The findings report.html lists by msg_id (the first few of each; discrepancies.csv
 # has them all), and the columns it shows of each.
-LISTED_KINDS = ("lost", "phantom", "duplicated", "stuck")
+LISTED_KINDS = ("lost", "phantom", "malformed_at_broker", "duplicated", "stuck")
 FINDING_COLUMNS = (
     ("msg_id", "msg_id"), ("topic", "topic"), ("created_at", "committed at"),
     ("details", "status in the ledger"), ("attempts", "publish attempts"),
@@ -64,7 +69,8 @@ CSV = "discrepancies.csv"
 
 
 def alarming(total: dict[str, Any]) -> bool:
-    """Whether a summary's totals hold lost, phantom or out-of-order messages."""
+    """Whether a summary's totals hold lost, phantom or out-of-order messages, or
+    malformed entries at the broker."""
     return any(total.get(name) for name in ALARMS)
 
 

@@ -32,10 +32,14 @@ BROKER = pa.schema(
         ("broker_ts", TS),
         ("key", pa.string()),  # Outbox-Key
         ("outbox_seq", pa.int64()),  # Outbox-Seq: an ordered message's place in its key
+        # An entry the relay cannot have written (a stranger's): why, else null; then
+        # msg_id is what could be salvaged (or null), key and outbox_seq are null.
+        ("malformed", pa.string()),
+        ("raw", pa.string()),  # a malformed entry's fields, escaped, cut short
     ]
 )
-# Columns an export made before ordered delivery lacks: the job reads them as null.
-BROKER_OPTIONAL = ("key", "outbox_seq")
+# Columns an export made before them lacks: the job reads them as null.
+BROKER_OPTIONAL = ("key", "outbox_seq", "malformed", "raw")
 
 # Model B's business truth: SqlTransactionListener's table (outbox_transaction_record).
 RECORDS = pa.schema(

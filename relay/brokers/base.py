@@ -5,13 +5,15 @@ value types are in ``outbox.broker``."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from outbox.broker import Broker, LogEntry, PublishResult, permanent, retry
 from outbox.errors import ConfigError, OutboxError
-from outbox.message import Message
+from outbox.message import SEQ_HEADER, Message
 from outbox.secrets import mask_url
 
 NOT_CONNECTED = "not connected"  # every adapter's error while it has no connection
@@ -111,3 +113,130 @@ class Chunk:
     def take(self) -> list[LogEntry]:
         entries, self.entries, self.bytes = self.entries, [], 0
         return entries
+
+
+# A malformed entry's fields are kept as printable ASCII of at most this many characters
+# (and each value is cut to it before it is escaped): enough to tell what it is, bounded
+# whatever a stranger stored.
+RAW_MAX = 1000
+RAW_ITEMS = 100  # items of a list or mapping kept in ``raw``
+RAW_DEPTH = 20  # nesting kept in ``raw``
+SEQ_MAX = 2**63 - 1  # the widest Outbox-Seq (BIGINT's, and the Parquet int64's, bound)
+
+
+def checked(entry: LogEntry) -> LogEntry:
+    """``vetted`` for a reader whose entries hold all the broker held: a malformed one's
+    ``raw`` is its msg_id, headers, properties and payload."""
+    return vetted(entry, lambda: as_fields(entry))
+
+
+def as_fields(entry: LogEntry) -> dict[str, object]:
+    return {"msg_id": entry.msg_id, "headers": entry.headers, "properties": entry.properties,
+            "payload": entry.payload}  # fmt: skip
+
+
+def vetted(entry: LogEntry, fields: Callable[[], object]) -> LogEntry:
+    """``entry``, or its malformed copy when the relay cannot have written it (see
+    ``problem``); ``fields`` gives what the broker held, for the copy's ``raw``."""
+    reason = problem(entry)
+    return entry if reason is None else malformed(entry, reason, fields())
+
+
+def malformed(entry: LogEntry, reason: str, fields: object) -> LogEntry:
+    """A malformed entry: its place (topic, seq, time) and its msg_id where it is text,
+    why (``reason``) and ``fields`` escaped into ``raw``; no headers or properties."""
+    msg_id = entry.msg_id if isinstance(entry.msg_id, str) and utf8(entry.msg_id) else None
+    return dataclasses.replace(
+        entry,
+        msg_id=msg_id or None,
+        payload=entry.payload if isinstance(entry.payload, bytes) else b"",
+        headers={},
+        properties={},
+        malformed=reason,
+        raw=raw_text(fields),
+    )
+
+
+def problem(entry: LogEntry) -> str | None:
+    """Why the relay cannot have written ``entry``, or None: the relay writes a non-empty
+    msg_id, text headers (UTF-8 names and values) and an Outbox-Seq of digits."""
+    msg_id: object = entry.msg_id
+    if msg_id is None or msg_id == "":
+        return "no msg_id"
+    if not isinstance(msg_id, str):
+        return f"msg_id is {type(msg_id).__name__}, not text"
+    if not utf8(msg_id):
+        return f"msg_id {shown(msg_id)} is not UTF-8 text"
+    if not isinstance(entry.payload, bytes):
+        return f"payload is {type(entry.payload).__name__}, not bytes"
+    headers: object = entry.headers
+    if not isinstance(headers, dict):
+        return f"headers are {type(headers).__name__}, not names and text values"
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            return f"header {shown(name)} is {type(value).__name__}, not text"
+        if not (utf8(name) and utf8(value)):
+            return f"header {shown(name)} is not UTF-8 text"
+    seq = headers.get(SEQ_HEADER)
+    if seq is not None and not whole_number(seq):
+        return f"{SEQ_HEADER} {shown(seq)} is not a whole number up to {SEQ_MAX}"
+    return None
+
+
+def utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (a lone surrogate, from JSON's \\ud800, does not)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def whole_number(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 19 and int(text) <= SEQ_MAX
+
+
+def shown(value: object) -> str:
+    """A short printable-ASCII form of a stranger's value, for a reason."""
+    try:
+        text = ascii(value)
+    except Exception:  # a repr that raises, or nests too deep
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def raw_text(fields: object) -> str:
+    """``fields`` as printable ASCII (JSON, every other character escaped; bytes as their
+    UTF-8 text with \\xNN for the rest), cut to about RAW_MAX characters."""
+    try:
+        text = json.dumps(plain(fields), ensure_ascii=True)
+    except (TypeError, ValueError, RecursionError):
+        text = shown(fields)
+    return text if len(text) <= RAW_MAX else f"{text[:RAW_MAX]}... ({len(text)} characters)"
+
+
+def plain(value: object, depth: int = 0) -> object:
+    """``value`` as JSON can hold it, each piece bounded (RAW_MAX, RAW_ITEMS, RAW_DEPTH)."""
+    if depth > RAW_DEPTH:
+        return "..."
+    if isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value)
+        text = data[:RAW_MAX].decode("utf-8", "backslashreplace")
+        return text if len(data) <= RAW_MAX else f"{text}... ({len(data)} bytes)"
+    if isinstance(value, str):
+        return value if len(value) <= RAW_MAX else f"{value[:RAW_MAX]}... ({len(value)} characters)"
+    if isinstance(value, bool | float) or value is None:
+        return value
+    if isinstance(value, int):
+        return value if abs(value) <= SEQ_MAX else f"<int of {value.bit_length()} bits>"
+    if isinstance(value, dict):
+        items = list(value.items())[:RAW_ITEMS]
+        return {key_text(k): plain(v, depth + 1) for k, v in items}
+    if isinstance(value, list | tuple):
+        return [plain(v, depth + 1) for v in value[:RAW_ITEMS]]
+    return shown(value)
+
+
+def key_text(key: object) -> str:
+    text = plain(key, RAW_DEPTH)
+    return text if isinstance(text, str) else shown(key)

@@ -48,6 +48,7 @@ from relay.brokers.base import (
     NOT_CONNECTED,
     BrokerRefused,
     Chunk,
+    checked,
     unexpected,
     unreachable,
     utc,
@@ -259,7 +260,7 @@ class NatsBroker(Broker, LogReader):
         if not streams:
             raise ConfigError("broker: name the stream to read (--stream, or ?stream= in the URL)")
         async for _, entries in read_entries(self.url, streams, since, until):
-            yield entries
+            yield [checked(entry) for entry in entries]  # a stranger's: malformed, kept
 
 
 class _Batch:

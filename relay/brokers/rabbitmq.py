@@ -50,6 +50,7 @@ from relay.brokers.base import (
     READ_TIMEOUT_S,
     BrokerRefused,
     Chunk,
+    checked,
     unexpected,
     unreachable,
     utc,
@@ -257,18 +258,21 @@ async def read_until_marker(
 
 
 def entry_of(message: Any, ts: datetime | None) -> LogEntry:
-    """A delivery from the stream: the offset the server adds is its place, not a header."""
-    headers = dict(message.headers or {})
+    """A delivery from the stream: the offset the server adds is its place, not a header.
+    One the relay cannot have written (no message_id, a header that is not text: AMQP
+    headers may hold numbers, bytes, tables) is a malformed entry, never an exception."""
+    headers: Any = dict(message.headers or {})
     offset = headers.pop("x-stream-offset", None)
-    return LogEntry(
+    entry = LogEntry(
         message.message_id,
         message.routing_key or "",
         str(offset),
         ts,
         message.body,
-        {name: value if isinstance(value, str) else str(value) for name, value in headers.items()},
+        headers,
         {"content_type": message.content_type},
     )
+    return checked(entry)
 
 
 def in_window(ts: datetime | None, since: datetime | None, until: datetime | None) -> bool:

@@ -29,6 +29,7 @@ import redis.exceptions
 from outbox.broker import Broker, LogEntry, LogReader, PublishResult, ok, permanent, retry
 from outbox.errors import ConfigError
 from outbox.message import Message, carried_headers
+from relay.brokers import base
 from relay.brokers.base import (
     LOG_CHUNK,
     NOT_CONNECTED,
@@ -189,18 +190,56 @@ async def xrange_pages(
         start = "(" + page[-1][0].decode()
 
 
+FIELDS = (b"msg_id", b"payload", b"headers")  # what the relay's XADD writes, no more
+
+
 def entry_of(topic: str, entry_id: bytes, fields: dict[bytes, bytes]) -> LogEntry:
+    """An entry as read back; one the relay cannot have written (a stranger's XADD) is
+    a malformed entry (``LogEntry.malformed``), never an exception."""
     seq = entry_id.decode()
+    ts = EPOCH + timedelta(milliseconds=int(seq.split("-")[0]))
+    payload = fields.get(b"payload", b"")
+    try:
+        msg_id, headers = read_fields(fields)
+    except ValueError as exc:
+        stranger = LogEntry(salvaged(fields.get(b"msg_id")), topic, seq, ts, payload, {})
+        return base.malformed(stranger, str(exc), fields)
+    entry = LogEntry(msg_id, topic, seq, ts, payload, headers)
+    return base.vetted(entry, lambda: fields)
+
+
+def read_fields(fields: dict[bytes, bytes]) -> tuple[str, dict[str, str]]:
+    """The msg_id and headers of an entry's fields; ValueError says why they are not the
+    relay's. Header values are checked by ``base.problem`` (JSON may hold any type)."""
+    others = [name for name in fields if name not in FIELDS]
+    if others:
+        names = ", ".join(base.shown(name) for name in others[:3])
+        raise ValueError(f"field(s) the relay does not write: {names}")
     msg_id = fields.get(b"msg_id")
-    raw_headers = fields.get(b"headers")
-    return LogEntry(
-        msg_id.decode() if msg_id is not None else None,
-        topic,
-        seq,
-        EPOCH + timedelta(milliseconds=int(seq.split("-")[0])),
-        fields.get(b"payload", b""),
-        json.loads(raw_headers) if raw_headers else {},
-    )
+    if msg_id is None or b"payload" not in fields:
+        raise ValueError("no msg_id field" if msg_id is None else "no payload field")
+    try:
+        text = msg_id.decode()
+    except UnicodeDecodeError:
+        raise ValueError(f"msg_id {base.shown(msg_id)} is not UTF-8") from None
+    raw = fields.get(b"headers")
+    if raw is None:
+        return text, {}
+    try:
+        headers = json.loads(raw)
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, deep nesting
+        raise ValueError(f"headers {base.shown(raw)} are not JSON") from None
+    if not isinstance(headers, dict):
+        raise ValueError(f"headers are a JSON {type(headers).__name__}, not an object")
+    return text, headers
+
+
+def salvaged(msg_id: bytes | None) -> str | None:
+    """A stranger's msg_id where it is UTF-8 text."""
+    try:
+        return msg_id.decode() if msg_id else None
+    except UnicodeDecodeError:
+        return None
 
 
 def ms_at_or_after(moment: datetime) -> int:

@@ -69,7 +69,8 @@ def add_reconcile(commands: Commands) -> None:
         "of order, latency",
         description="Run spark_jobs/reconcile_job.py locally (local[*]); the same file runs under "
         "spark-submit. Quiet: its steps with counts and the totals, no Spark logs (--verbose). "
-        "Exit status 3 when lost, phantom or out-of-order messages were found, else 4 when "
+        "Exit status 3 when lost, phantom or out-of-order messages or malformed broker entries "
+        "(the relay cannot have written them) were found, else 4 when "
         "stuck ones were (still pending past --sla: late, not lost).",
     )
     reconcile_job.add_arguments(rec)
@@ -98,10 +99,25 @@ def cmd_export(args: argparse.Namespace) -> int:
         with counting("export halfop") as shown:
             count = export.export_halfop_nats(broker, args.out, args.since, args.until, shown.add)
     else:
+        strangers = Tally()
         with counting("export broker") as shown:
-            count = export_broker(args, shown.add)
+            count = export_broker(args, shown.add, strangers.add)
+        hint = " (entries the relay cannot have written: their malformed column says why)"
+        print(f"exported {count} row(s) to {args.out}, {strangers.count} malformed"
+              + (hint if strangers.count else ""))  # fmt: skip
+        return EXIT_OK
     print(f"exported {count} row(s) to {args.out}")
     return EXIT_OK
+
+
+class Tally:
+    """Counts what it is told (the broker export's malformed entries, chunk by chunk)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def add(self, n: int) -> None:
+        self.count += n
 
 
 def out_problem(out: str, by_day: bool) -> str | None:
@@ -122,8 +138,11 @@ LOG_SOURCE_FLAGS = {"nats": ("--stream", "stream"), "redis": ("--topic", "topics
                     "rabbitmq": ("--queue", "queue")}  # fmt: skip
 
 
-def export_broker(args: argparse.Namespace, added: Callable[[int], None]) -> int:
-    """The broker's log, through the reader its URL's scheme picks."""
+def export_broker(
+    args: argparse.Namespace, added: Callable[[int], None], malformed: Callable[[int], None]
+) -> int:
+    """The broker's log, through the reader its URL's scheme picks; ``malformed`` is told
+    how many entries of each chunk the relay cannot have written."""
     from relay import export
 
     url = required(args.broker, "--broker", "a broker export (or set OUTBOX_BROKER)")
@@ -131,7 +150,9 @@ def export_broker(args: argparse.Namespace, added: Callable[[int], None]) -> int
     scheme = url.partition("://")[0]
     given = required(getattr(args, dest), flag, f"a broker export from {scheme}://")
     sources = given if isinstance(given, list) else [given]
-    return export.export_broker(reader_for(url), sources, args.out, args.since, args.until, added)
+    return export.export_broker(
+        reader_for(url), sources, args.out, args.since, args.until, added, malformed
+    )
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:

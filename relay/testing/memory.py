@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from outbox.broker import Broker, LogEntry, LogReader, PublishResult, ok
 from outbox.message import Message, carried_headers
-from relay.brokers.base import Chunk
+from relay.brokers.base import Chunk, checked, malformed
 
 # Decides a message's fate before it is stored; None means store it.
 Policy = Callable[[Message], PublishResult | None]
@@ -53,6 +53,12 @@ class MemoryBroker(Broker, LogReader):
         receipt = self._receipts[message.msg_id] = str(len(self.published))
         return ok(receipt)
 
+    def store_stranger(self, message: Message) -> None:
+        """Store ``message`` as it is (any values in it), not checked nor deduplicated:
+        an entry someone else than the relay wrote, for tests of the log readers."""
+        self.published.append(message)
+        self._stored_at.append(datetime.now(UTC))
+
     async def close(self) -> None:
         self.connected = False
 
@@ -70,12 +76,21 @@ class MemoryBroker(Broker, LogReader):
                 continue
             if (since is not None and at < since) or (until is not None and at >= until):
                 continue
-            entry = LogEntry(
-                message.msg_id, message.topic, str(seq), at, message.payload,
-                carried_headers(message),
-            )  # fmt: skip
-            chunk.add(entry)
+            chunk.add(entry_of(message, str(seq), at))
             if chunk.full:
                 yield chunk.take()
         if chunk.entries:
             yield chunk.take()
+
+
+def entry_of(message: Message, seq: str, at: datetime) -> LogEntry:
+    """A stored message as an entry; one the relay cannot have written (a test's
+    stranger, appended to ``published`` with any values) is a malformed entry."""
+    try:
+        headers = carried_headers(message)
+    except Exception as exc:  # headers that are not a mapping, a key that is no text
+        fields = {"msg_id": message.msg_id, "key": message.key, "tags": message.tags,
+                  "headers": message.headers, "payload": message.payload}  # fmt: skip
+        stranger = LogEntry(message.msg_id, message.topic, seq, at, message.payload, {})
+        return malformed(stranger, f"headers unreadable ({type(exc).__name__})", fields)
+    return checked(LogEntry(message.msg_id, message.topic, seq, at, message.payload, headers))

@@ -74,4 +74,4 @@ def test_broker_export_counts_without_a_total(
     captured = capsys.readouterr()
     shown = totals(captured.err, "export broker")
     assert shown[-1] == "90 rows" and len(shown) >= 3, captured.err  # chunks of 40 at most
-    assert captured.out == f"exported 90 row(s) to {out}\n"
+    assert captured.out == f"exported 90 row(s) to {out}, 0 malformed\n"
