@@ -5,7 +5,9 @@ are due, oldest first, locked with SKIP LOCKED so that any number of sweepers, i
 apps and in ``outbox relay`` workers, share the work without a coordinator. A row
 that fails is retried later with exponential backoff and jitter, and is marked
 ``dead`` after ``max_attempts`` (a permanent failure: after ``permanent_attempts``);
-a failing row never holds back the rows beside it, but for an ordered key's.
+a failing row never holds back the rows beside it, but for an ordered key's. A row
+going dead is logged at WARNING once it is committed (relay.dead_letters: a line each,
+a flood summed up once a minute), by an app's sweeper as by a worker's.
 
 Ordered messages (``send(..., ordered=True)``): a key's rows are claimed from its head
 (the lowest seq not yet sent or skipped) only, with the rows after it, and published
@@ -44,6 +46,8 @@ from outbox.tracing import publish_span
 from relay import store
 from relay.batches import BatchReport
 from relay.brokers.base import NOT_CONNECTED, publish_isolated
+from relay.dead_letters import REASON_CHARS as REASON_CHARS  # its old home
+from relay.dead_letters import DeadLetters, named, reason
 from relay.listener import Listeners
 from relay.loop import BrokerLoop
 
@@ -80,6 +84,8 @@ class Sweeper:
         # A worker's routine lines (a batch swept, a retention purge): one INFO line each
         # suits a worker; a command showing progress and an app's relay lower it.
         self.batch_log_level = logging.INFO
+        # A row going dead is a WARNING whoever runs the sweeper, an app or a worker.
+        self.dead_letters = DeadLetters()
 
     def sweep_once(
         self, min_age_s: float | None = None, due_only: bool = True, cursor: Cursor | None = None
@@ -110,6 +116,7 @@ class Sweeper:
     ) -> tuple[SweepResult, bool]:
         with self._sweeping_changed:
             self._sweeping += 1
+        self.dead_letters.tick()  # a flood's summary, once its minute is over
         try:
             return self._sweep_once(min_age_s, due_only, cursor, claim, path)
         finally:
@@ -153,11 +160,14 @@ class Sweeper:
             self.broker_loop.outage.ok()
         result = sweep_result(report)
         result.aborted = published.cut_short is not None
+        if report.dead:  # committed: told once
+            self.dead_letters.went_dead(report.dead, path)
         log.log(
             self.batch_log_level if path == "sweeper" else logging.DEBUG,  # a batch per due time
-            "%s: claimed=%d sent=%d retry_later=%d dead=%d%s",
+            "%s: claimed=%d sent=%d retry_later=%d dead=%d%s%s",
             "sweep" if path == "sweeper" else path,
             result.claimed, result.sent, result.failed, result.dead,
+            dead_reasons(result),
             f" held_back={published.held}" if published.held else "",
         )  # fmt: skip
         with self._totals_lock:
@@ -234,7 +244,9 @@ class Sweeper:
         (within ``timeout``). Idempotent, from any thread."""
         self._stopping.set()
         with self._sweeping_changed:
-            return self._sweeping_changed.wait_for(lambda: self._sweeping == 0, timeout)
+            idle = self._sweeping_changed.wait_for(lambda: self._sweeping == 0, timeout)
+        self.dead_letters.flush()  # the dead letters counted but not yet told
+        return idle
 
     @property
     def stopping(self) -> bool:
@@ -375,14 +387,9 @@ def sweep_result(report: BatchReport) -> SweepResult:
     )  # fmt: skip
 
 
-REASON_CHARS = 120  # a reason is one line of a summary
-
-
-def reason(error: str) -> str:
-    """An error as a summary groups it: its first line, spaces collapsed, cut."""
-    lines = error.strip().splitlines()
-    line = " ".join(lines[0].split()) if lines else "(no error text)"
-    return line if len(line) <= REASON_CHARS else line[: REASON_CHARS - 3] + "..."
+def dead_reasons(result: SweepResult) -> str:
+    """A sweep line's reasons for its dead rows: ' (2 x permanent: too large, 1 x ...)'."""
+    return f" ({named(result.dead_reasons)})" if result.dead_reasons else ""
 
 
 class _BrokerUnreachable(Exception):
