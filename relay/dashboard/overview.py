@@ -49,10 +49,14 @@ def overview(db: Database, metrics: RelayMetrics | None) -> dict[str, Any]:
     }
 
 
-COUNTS = ("pending", "scheduled", "dead", "blocked_keys", "sent_1h")
+COUNTS = ("pending", "blocked", "stuck", "scheduled", "dead", "blocked_keys", "sent_1h")
 
 
-def topic_rows(backlog: Sequence[Any], sent: dict[str, int], now: datetime) -> list[dict[str, Any]]:
+def topic_rows(
+    backlog: Sequence[store.Backlog], sent: dict[str, int], now: datetime
+) -> list[dict[str, Any]]:
+    """Per topic: the backlog's figures (as `outbox status` and the gauges count them,
+    stuck by store.STUCK_AFTER_S) and the sends of the last hour."""
     by_topic = {row.topic: row for row in backlog}
     rows = []
     for topic in sorted(by_topic.keys() | sent.keys()):
@@ -61,11 +65,13 @@ def topic_rows(backlog: Sequence[Any], sent: dict[str, int], now: datetime) -> l
         rows.append(
             {
                 "topic": topic,
-                "pending": int(row.pending) if row else 0,
+                "pending": row.pending if row else 0,  # blocked and stuck ones included
+                "blocked": row.blocked if row else 0,
+                "stuck": row.stuck if row else 0,
                 "oldest_pending_age_s": None if oldest is None else round(age_s(now, oldest), 1),
-                "scheduled": int(row.scheduled) if row else 0,
-                "dead": int(row.dead) if row else 0,
-                "blocked_keys": int(row.blocked_keys) if row else 0,
+                "scheduled": row.scheduled if row else 0,
+                "dead": row.dead if row else 0,
+                "blocked_keys": row.blocked_keys if row else 0,
                 "sent_1h": sent.get(topic, 0),
             }
         )
