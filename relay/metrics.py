@@ -18,7 +18,11 @@ Metrics: ``outbox_messages_sent_total{path}``, ``outbox_messages_retried_total{p
 ``outbox_messages_held`` (all the fast path holds, at most ``queue_size``), ``outbox_queue_depth``,
 ``outbox_timewheel_size``, ``outbox_commit_to_ack_seconds`` (histogram),
 ``outbox_sweep_batch_size`` and ``outbox_sweep_duration_seconds`` (histograms).
-Backlog, per topic: ``outbox_pending_messages{topic}``, ``outbox_dead_messages{topic}``,
+Backlog, per topic, as ``outbox status`` and the dashboard count it (relay.store.Backlog):
+``outbox_pending_messages{topic}`` (due, not yet sent: blocked and stuck ones included),
+``outbox_blocked_messages{topic}`` (pending behind a dead message of their ordered key),
+``outbox_stuck_messages{topic}`` (pending, due for longer than 60 s: ``outbox status``'s
+default ``--sla``), ``outbox_dead_messages{topic}``,
 ``outbox_oldest_pending_age_seconds{topic}`` (since the row was due: created, requeued, or
 its retry time after a failed attempt; 0 while it waits out a backoff),
 ``outbox_blocked_keys{topic}`` (keys whose head, the lowest unsettled ordered message, is
@@ -214,12 +218,14 @@ def sweeper_metrics(counts: RelayCounts) -> list[Metric]:
 class BacklogRow(NamedTuple):
     """One topic's backlog gauges."""
 
-    pending: int
+    pending: int  # blocked and stuck ones included (relay.store.Backlog)
     oldest_age_s: float
     dead: int
     blocked_keys: int
     scheduled: int = 0  # pending, deliver_at still to come
     next_due_s: float | None = None  # until the earliest of them; None: none scheduled
+    blocked: int = 0  # pending behind a dead message of their key
+    stuck: int = 0  # pending, due for longer than store.STUCK_AFTER_S
 
 
 class Backlog(Collector):
@@ -263,9 +269,11 @@ class Backlog(Collector):
         self.topics = dict.fromkeys(self.topics, BacklogRow(0, 0.0, 0, 0))
         for row in rows:
             age = age_s(db_now, row.oldest_pending) if row.oldest_pending is not None else 0.0
-            counts = (int(row.pending), age, int(row.dead), int(row.blocked_keys))
             due = None if row.next_due is None else (row.next_due - db_now).total_seconds()
-            self.topics[row.topic] = BacklogRow(*counts, int(row.scheduled), due)
+            self.topics[row.topic] = BacklogRow(
+                row.pending, age, row.dead, row.blocked_keys, row.scheduled, due,
+                row.blocked, row.stuck,
+            )  # fmt: skip
 
 
 def age_s(now: datetime, then: datetime) -> float:
@@ -282,7 +290,19 @@ def backlog_metrics(topics: dict[str, BacklogRow], up: bool) -> list[Metric]:
     if not up:
         return families
     pending = GaugeMetricFamily(
-        "outbox_pending_messages", "Rows due and waiting to be published", labels=["topic"]
+        "outbox_pending_messages",
+        "Rows due and not yet sent, blocked and stuck ones included",
+        labels=["topic"],
+    )
+    blocked_rows = GaugeMetricFamily(
+        "outbox_blocked_messages",
+        "Pending rows behind a dead message of their ordered key (requeue or skip it)",
+        labels=["topic"],
+    )
+    stuck = GaugeMetricFamily(
+        "outbox_stuck_messages",
+        f"Pending rows due for longer than {store.STUCK_AFTER_S:g} s",
+        labels=["topic"],
     )
     oldest = GaugeMetricFamily(
         "outbox_oldest_pending_age_seconds",
@@ -307,13 +327,15 @@ def backlog_metrics(topics: dict[str, BacklogRow], up: bool) -> list[Metric]:
     )
     for topic, row in sorted(topics.items()):
         pending.add_metric([topic], row.pending)
+        blocked_rows.add_metric([topic], row.blocked)
+        stuck.add_metric([topic], row.stuck)
         oldest.add_metric([topic], row.oldest_age_s)
         dead.add_metric([topic], row.dead)
         blocked.add_metric([topic], row.blocked_keys)
         scheduled.add_metric([topic], row.scheduled)
         if row.next_due_s is not None:
             next_due.add_metric([topic], row.next_due_s)
-    return [*families, pending, oldest, dead, blocked, scheduled, next_due]
+    return [*families, pending, blocked_rows, stuck, oldest, dead, blocked, scheduled, next_due]
 
 
 def histogram(name: str, documentation: str, source: Histogram) -> HistogramMetricFamily:

@@ -459,14 +459,43 @@ def count_if(condition: Any) -> Any:
     return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
 
 
-def status_by_topic(conn: Connection, now: datetime, sla_s: float) -> list[dict[str, Any]]:
-    """-- status -- per topic: pending (due by ``now``, for less than ``sla_s``), stuck
-    (due for longer: the reconciliation's word for the same rows), oldest of those, dead,
-    skipped, blocked keys, scheduled and the next due time, canceled, sent in the last
-    minute/hour.
+# The backlog's words, one meaning wherever they are shown (`outbox status`, the dashboard,
+# the gauges; docs/concepts.md, Glossary): all come from backlog_by_topic.
+STUCK_AFTER_S = 60.0  # the SLA of stuck on the dashboard and the gauges: `status --sla`'s default
 
+
+class Backlog(NamedTuple):
+    """One topic's backlog, as ``outbox status``, the dashboard and the gauges show it.
+
+    - pending: rows not yet sent whose due time has come (not dead, skipped or canceled;
+      a scheduled row once its deliver_at has come), blocked and stuck ones included;
+    - blocked: pending rows of an ordered key with a dead message of that key before
+      them (a lower seq): they wait until it is requeued or skipped (``outbox drain``
+      leaves them too);
+    - stuck: pending rows due for longer than the SLA (the reconciliation's word);
+    - scheduled: pending rows whose deliver_at is still to come (not pending yet);
+    - blocked_keys: ordered keys whose head (lowest unsettled message) is dead.
+    """
+
+    topic: str
+    pending: int
+    blocked: int
+    stuck: int
+    oldest_pending: datetime | None  # the earliest waiting_since of the pending rows
+    dead: int
+    blocked_keys: int
+    scheduled: int
+    next_due: datetime | None  # the earliest deliver_at of the scheduled rows
+
+
+def backlog_by_topic(
+    conn: Connection, now: datetime, sla_s: float = STUCK_AFTER_S
+) -> list[Backlog]:
+    """-- backlog -- per topic with pending or dead rows, by topic: the Backlog figures.
     ``now`` is the database clock (db_clock): a row is due when its deliver_at has come
-    by that clock, as the scheduler's claim judges it."""
+    by that clock, as the scheduler's claim judges it; stuck when it was due more than
+    ``sla_s`` before ``now``. One query over the pending and dead rows only (their
+    partial indexes): the retained sent rows are not read."""
 
     due = and_(t.c.status == PENDING, is_due(now))
     late = due_time() < now - timedelta(seconds=sla_s)
@@ -474,26 +503,46 @@ def status_by_topic(conn: Connection, now: datetime, sla_s: float) -> list[dict[
     query = (
         select(
             t.c.topic,
-            count_if(and_(due, ~late)).label("pending"),
+            count_if(due).label("pending"),
+            count_if(and_(due, behind_dead())).label("blocked"),
             count_if(and_(due, late)).label("stuck"),
             func.min(case((due, waiting_since()))).label("oldest_pending"),
             count_if(t.c.status == DEAD).label("dead"),
-            count_if(t.c.status == SKIPPED).label("skipped"),
             count_if(blocking_head()).label("blocked_keys"),
             count_if(scheduled).label("scheduled"),
             func.min(case((scheduled, t.c.deliver_at))).label("next_due"),
-            count_if(t.c.status == CANCELED).label("canceled"),
-            count_if(and_(t.c.status == SENT, t.c.sent_at >= now - timedelta(minutes=1))).label(
-                "sent_1m"
-            ),
-            count_if(and_(t.c.status == SENT, t.c.sent_at >= now - timedelta(hours=1))).label(
-                "sent_1h"
-            ),
         )
+        .where(pending_or_dead())  # sent rows (the retained ledger) not read
         .group_by(t.c.topic)
         .order_by(t.c.topic)
     )
-    return [dict(row._mapping) for row in conn.execute(query)]
+    return [backlog_row(row) for row in conn.execute(query)]
+
+
+def backlog_row(row: Any) -> Backlog:
+    """A Backlog of a result row, the counts as ints (MariaDB's SUM is a DECIMAL)."""
+    kept = ("topic", "oldest_pending", "next_due")
+    return Backlog(**{k: v if k in kept else int(v) for k, v in row._mapping.items()})
+
+
+def settled_by_topic(conn: Connection, now: datetime) -> dict[str, dict[str, int]]:
+    """-- settled -- per topic: skipped, canceled, and sent in the last minute and hour
+    (``outbox status``'s other columns), by the database clock ``now``."""
+    minute, hour = now - timedelta(minutes=1), now - timedelta(hours=1)
+    recent = and_(t.c.status == SENT, t.c.sent_at >= hour)
+    query = (
+        select(
+            t.c.topic,
+            count_if(t.c.status == SKIPPED).label("skipped"),
+            count_if(t.c.status == CANCELED).label("canceled"),
+            count_if(and_(t.c.status == SENT, t.c.sent_at >= minute)).label("sent_1m"),
+            count_if(recent).label("sent_1h"),
+        )
+        .where(or_(t.c.status.in_((SKIPPED, CANCELED)), recent))
+        .group_by(t.c.topic)
+    )
+    return {row.topic: {k: int(v) for k, v in row._mapping.items() if k != "topic"}
+            for row in conn.execute(query)}  # fmt: skip
 
 
 def is_due(now: datetime) -> Any:
@@ -507,6 +556,25 @@ def blocking_head() -> Any:
     messages wait for it, until `outbox requeue` or `outbox skip`. Cheap conditions
     first: the subquery runs for dead ordered rows only."""
     return and_(t.c.status == DEAD, t.c.seq.is_not(None), is_head())
+
+
+def behind_dead(row: Any = t) -> Any:
+    """The ordered row has a dead message of its key before it (a lower seq): it is
+    blocked, waiting until that one is requeued or skipped. The subquery is a short
+    range of ix_outbox_message_key_seq (topic, key, status, seq), for ordered rows only."""
+    prior = t.alias("prior")
+    earlier_dead = (
+        select(prior.c.id)
+        .where(
+            prior.c.topic == row.c.topic,
+            prior.c.key == row.c.key,
+            prior.c.status == DEAD,
+            prior.c.seq.is_not(None),  # the index's own condition
+            prior.c.seq < row.c.seq,
+        )
+        .correlate(row)
+    )
+    return and_(row.c.seq.is_not(None), earlier_dead.exists())
 
 
 def held_behind() -> Any:
@@ -560,29 +628,6 @@ def due_time() -> Any:
     """When the row was first due: its deliver_at if later than its creation, else its
     creation (as the reconciliation's SLA counts)."""
     return case((t.c.deliver_at > t.c.created_at, t.c.deliver_at), else_=t.c.created_at)
-
-
-def backlog_by_topic(conn: Connection, now: datetime) -> list[Any]:
-    """-- backlog -- per topic with pending or dead rows: pending (due by ``now``, the
-    database clock), oldest waiting_since of those, dead, blocked keys, scheduled (not
-    due yet) and the earliest deliver_at among them. One query, for /metrics."""
-
-    due = and_(t.c.status == PENDING, is_due(now))
-    scheduled = and_(t.c.status == PENDING, t.c.deliver_at > now)  # not due yet
-    query = (
-        select(
-            t.c.topic,
-            count_if(due).label("pending"),
-            func.min(case((due, waiting_since()))).label("oldest_pending"),
-            count_if(t.c.status == DEAD).label("dead"),
-            count_if(blocking_head()).label("blocked_keys"),
-            count_if(scheduled).label("scheduled"),
-            func.min(case((scheduled, t.c.deliver_at))).label("next_due"),
-        )
-        .where(pending_or_dead())  # sent rows (the retained ledger) not read
-        .group_by(t.c.topic)
-    )
-    return list(conn.execute(query))
 
 
 def pending_or_dead() -> Any:

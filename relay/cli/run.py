@@ -12,7 +12,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import NoReturn
+from datetime import datetime
+from typing import NamedTuple, NoReturn
 
 from sqlalchemy import Engine
 
@@ -33,8 +34,10 @@ from relay.cli.common import (
     database,
 )
 from relay.cli.progress import Progress, progress
+from relay.cli.schema import blocked_json
 from relay.cli.settings_flags import add_settings_flags
 from relay.cli.stopping import STOP_SIGNALS, StopSignals, exit_status, signals_blocked
+from relay.display import safe
 from relay.runtime import Relay
 from relay.scheduler import publish_due
 from relay.sweeper import Sweeper
@@ -92,7 +95,11 @@ def add_drain(commands: Commands) -> None:
         "for recovering a large backlog.",
         epilog="The summary line is followed by one line per failure reason, e.g. '5 x "
         "permanent: ... (dead)'; `outbox dead` lists the messages. "
-        "Exit status: 0 all sent, 3 some went dead (`outbox status`), else 1 some "
+        "Messages behind a dead message of their ordered key (blocked) are left pending: "
+        "the summary counts them and names the dead heads to `outbox requeue --id` or "
+        "`outbox skip`. "
+        "Exit status: 0 all sent, 3 some went dead or some are left blocked behind a dead "
+        "message (`outbox status`), else 1 some "
         "failed and stay pending (retried later) or the broker became unreachable, 130 stopped "
         "by SIGINT (Ctrl-C), 143 stopped by SIGTERM. On either signal the batches in flight are "
         "finished (published and marked) or left pending, never half-marked; no new batch is "
@@ -223,17 +230,41 @@ def drain(args: argparse.Namespace, stop: StopSignals) -> int:
         exit_now(report_drain(shown.result(), total, seconds, stopped_by, True, args.json))
     try:
         result = work.result()
-        later = scheduled_later(engine)
+        left = left_pending(engine)
     finally:
         relay.stop(2.0)
         engine.dispose()
-    return report_drain(result, total, seconds, stopped_by, as_json=args.json, scheduled=later)
+    return report_drain(result, total, seconds, stopped_by, as_json=args.json, left=left)
 
 
-def scheduled_later(engine: Engine) -> int:
-    """Scheduled rows not due yet: a drain leaves them to a relay's scheduler."""
+HEADS_SHOWN = 5  # dead heads a drain's summary names; `outbox status` lists them all
+
+
+class Left(NamedTuple):
+    """What a drain leaves pending that no pass of it could send: scheduled rows not due
+    yet (a relay's scheduler's, in time) and blocked ones (behind a dead message of their
+    ordered key: an operator's, by `outbox requeue --id` or `outbox skip` of the head)."""
+
+    scheduled: int = 0
+    blocked: int = 0
+    blocked_keys: int = 0
+    heads: tuple[store.BlockedKey, ...] = ()  # the oldest HEADS_SHOWN dead heads
+    now: datetime | None = None  # the database clock when counted
+
+
+NOTHING_LEFT = Left()
+
+
+def left_pending(engine: Engine) -> Left:
+    """Counted by store.backlog_by_topic, as `outbox status` counts them."""
     with engine.connect() as conn:
-        return store.scheduled_count(conn)
+        now = store.db_clock(conn)
+        backlog = store.backlog_by_topic(conn, now)
+        blocked = sum(row.blocked for row in backlog)
+        heads = tuple(store.dead_heads(conn, HEADS_SHOWN)) if blocked else ()
+    scheduled = sum(row.scheduled for row in backlog)
+    keys = sum(row.blocked_keys for row in backlog)
+    return Left(scheduled, blocked, keys, heads, now)
 
 
 def backlog(args: argparse.Namespace) -> tuple[Engine, int]:
@@ -304,7 +335,7 @@ def report_drain(
     stopped_by: int | None,
     late: bool = False,
     as_json: bool = False,
-    scheduled: int = 0,
+    left: Left = NOTHING_LEFT,
 ) -> int:
     """Print the summary line; the exit status (128 + the signal when one stopped it)."""
     if stopped_by is not None:
@@ -314,25 +345,60 @@ def report_drain(
         why = " (stopped: broker unreachable)" if result.aborted else ""
     if as_json:
         document = drain_document(result, total, seconds, stopped_by, late)
-        print(json.dumps(document | {"scheduled_later": scheduled}))
+        print(json.dumps(document | left_document(left)))
     else:
         print(
             f"drained: sent={result.sent} retry_later={result.failed} dead={result.dead}",
             f"of {total} pending in {seconds:.2f} s ({result.sent / max(seconds, 1e-9):,.0f} msg/s)"
             + why
-            + (f"; {scheduled} scheduled for later, left to the relays" if scheduled else ""),
+            + left_note(left),
         )
-        for line in reason_lines(result):
+        for line in reason_lines(result) + blocked_lines(left):
             print(line)
     if stopped_by is not None:
         return exit_status(stopped_by)
-    return drain_status(result)
+    return drain_status(result, left)
 
 
-def drain_status(result: SweepResult) -> int:
-    """Dead rows need a person whatever else happened (EXIT_DATA); rows still failing or a
-    broker gone are worth another run later (EXIT_FAILED)."""
-    if result.dead:
+def left_note(left: Left) -> str:
+    """The summary line's end: what the drain left pending, and to whom."""
+    note = f"; {left.blocked} blocked behind a dead message, left" if left.blocked else ""
+    if left.scheduled:
+        note += f"; {left.scheduled} scheduled for later, left to the relays"
+    return note
+
+
+def blocked_lines(left: Left) -> list[str]:
+    """The blocked rows left, and the dead heads holding them: what releases them."""
+    if not left.blocked:
+        return []
+    lines = [
+        f"left {left.blocked} message(s) of {left.blocked_keys} key(s) behind a dead message "
+        "of their key: `outbox requeue --id HEAD` retries the head (once its cause is "
+        "fixed), `outbox skip HEAD` gives it up and lets the key go on:"
+    ]
+    lines += [
+        f"  head {key.msg_id}: topic {safe(key.topic)}, key {safe(key.key)!r}, seq {key.seq}, "
+        f"{key.behind} behind"
+        for key in left.heads
+    ]
+    if left.blocked_keys > len(left.heads):
+        lines.append(f"  ... and {left.blocked_keys - len(left.heads)} more: `outbox status`")
+    return lines
+
+
+def left_document(left: Left) -> dict[str, object]:
+    """``drain --json``'s figures of what it left pending (as `outbox status --json`'s)."""
+    heads = [blocked_json(key, left.now) for key in left.heads if left.now is not None]
+    return {"scheduled_later": left.scheduled, "blocked": left.blocked,
+            "blocked_keys": left.blocked_keys, "blocked_heads": heads}  # fmt: skip
+
+
+def drain_status(result: SweepResult, left: Left = NOTHING_LEFT) -> int:
+    """Dead rows need a person whatever else happened (EXIT_DATA), so do rows left behind
+    a dead message (`outbox status` exits 3 for the same dead head); rows still failing or
+    a broker gone are worth another run later (EXIT_FAILED)."""
+    if result.dead or left.blocked:
         return EXIT_DATA
     return EXIT_FAILED if result.failed or result.aborted else EXIT_OK
 

@@ -30,12 +30,13 @@ from spark_jobs.flags import SLA_SECONDS, bounded_int
 
 BLOCKED_LISTED = 20  # blocked keys `outbox status` lists; the rest are counted
 BLOCKED_LIMIT = bounded_int(1, 10_000)  # --blocked-limit: a page, not the whole table
-COUNTS = ("pending", "stuck", "dead", "skipped", "blocked_keys", "scheduled", "canceled",
-          "sent_1m", "sent_1h")  # fmt: skip
+COUNTS = ("pending", "stuck", "blocked", "dead", "skipped", "blocked_keys", "scheduled",
+          "canceled", "sent_1m", "sent_1h")  # fmt: skip
+SETTLED = ("skipped", "canceled", "sent_1m", "sent_1h")  # store.settled_by_topic's
 # The table's columns; next_due is shown as "in 12s" (--json: an ISO time and next_due_in_s).
-HEADER = ("topic", "pending", "stuck", "oldest_pending_age_s", "dead", "skipped",
+HEADER = ("topic", "pending", "stuck", "blocked", "oldest_pending_age_s", "dead", "skipped",
           "blocked_keys", "scheduled", "next_due", "canceled", "sent_1m", "sent_1h")  # fmt: skip
-SLA_S = 60.0  # `outbox reconcile --sla`'s default: the same rows are stuck in both
+SLA_S = store.STUCK_AFTER_S  # `outbox reconcile --sla`'s default: the same rows are stuck in both
 
 
 def add_migrate(commands: Commands) -> None:
@@ -61,14 +62,17 @@ def add_migrate(commands: Commands) -> None:
 def add_status(commands: Commands) -> None:
     st = commands.add_parser(
         "status",
-        help="pending, stuck, oldest pending age, dead, scheduled, next due and recently "
-        "sent, per topic; blocked keys",
+        help="pending, stuck, blocked, oldest pending age, dead, scheduled, next due and "
+        "recently sent, per topic; blocked keys",
         description="Show the outbox's state per topic, and the keys blocked by a dead "
         "ordered message (its key's later messages wait for `outbox requeue` or `outbox "
-        "skip`), oldest first. Pending counts the messages due now for less than --sla "
-        "seconds, stuck those due for longer (`outbox reconcile` calls the same rows "
-        "stuck); scheduled ones (their deliver_at still to come, by the database clock) "
-        "are counted apart, with the next due time. Exit status 3 when dead messages exist.",
+        "skip`), oldest first. Pending counts every message due and not yet sent, stuck "
+        "and blocked ones included; stuck: those due for longer than --sla seconds "
+        "(`outbox reconcile` calls the same rows stuck); blocked: those behind a dead "
+        "message of their ordered key. Scheduled ones (their deliver_at still to come, by "
+        "the database clock) are counted apart, with the next due time. The dashboard and "
+        "the outbox_*_messages gauges count the same way. Exit status 3 when dead messages "
+        "exist.",
     )
     add_db_flag(st)
     st.add_argument(
@@ -144,13 +148,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         migrate.require_schema(engine)
         with engine.connect() as conn:
             now = store.db_clock(conn)
-            topics = store.status_by_topic(conn, now, args.sla)
+            topics = status_rows(store.backlog_by_topic(conn, now, args.sla),
+                                 store.settled_by_topic(conn, now))  # fmt: skip
             blocked = store.dead_heads(conn, args.blocked_limit)
     finally:
         engine.dispose()
     dues = [row["next_due"] for row in topics if row["next_due"] is not None]
     for row in topics:
-        row.update({k: int(row[k]) for k in COUNTS})  # MariaDB's SUM is a DECIMAL
         oldest = row.pop("oldest_pending")
         row["oldest_pending_age_s"] = round(age_seconds(now, oldest), 3) if oldest else None
         row.update(next_due_json(row.pop("next_due"), now))
@@ -168,6 +172,20 @@ def cmd_status(args: argparse.Namespace) -> int:
         print_status(topics, totals)
         print_blocked(keys, more)
     return EXIT_DEAD if totals["dead"] else EXIT_OK
+
+
+def status_rows(
+    backlog: list[store.Backlog], settled: dict[str, dict[str, int]]
+) -> list[dict[str, Any]]:
+    """A row per topic, by topic: its backlog (store.backlog_by_topic, the figures the
+    dashboard and the gauges show too) and its settled rows (0 where it has none)."""
+    by_topic = {row.topic: row._asdict() for row in backlog}
+    empty = store.Backlog("", 0, 0, 0, None, 0, 0, 0, None)._asdict()
+    rows = []
+    for topic in sorted(by_topic.keys() | settled.keys()):
+        row = by_topic.get(topic) or empty | {"topic": topic}
+        rows.append(row | settled.get(topic, dict.fromkeys(SETTLED, 0)))
+    return rows
 
 
 def next_due_json(due: datetime | None, now: datetime) -> dict[str, Any]:

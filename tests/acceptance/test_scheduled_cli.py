@@ -90,11 +90,11 @@ def test_status_counts_scheduled_apart_from_pending(any_db: str, engine: Engine)
 
     table = cli("status", "--db", any_db, "--sla", "600").stdout.splitlines()
     header = table[0].split()
-    assert header[7:10] == ["scheduled", "next_due", "canceled"], header
+    assert header[8:11] == ["scheduled", "next_due", "canceled"], header
     rows = {line.split()[0]: line.split() for line in table[1:]}
-    assert rows["sch.a"][7:11] == ["2", "in", "10m", "1"], rows["sch.a"]
-    assert rows["sch.b"][7:10] == ["0", "-", "0"], rows["sch.b"]
-    assert rows["TOTAL"][1] == "2" and rows["TOTAL"][7:11] == ["2", "in", "10m", "1"]
+    assert rows["sch.a"][8:12] == ["2", "in", "10m", "1"], rows["sch.a"]
+    assert rows["sch.b"][8:11] == ["0", "-", "0"], rows["sch.b"]
+    assert rows["TOTAL"][1] == "2" and rows["TOTAL"][8:12] == ["2", "in", "10m", "1"]
 
 
 def test_gauges_count_scheduled_apart_from_pending(engine: Engine) -> None:
