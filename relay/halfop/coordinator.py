@@ -50,12 +50,14 @@ from relay.halfop.link import ensure_streams
 from relay.halfop.oplog import (
     OP_BATCH,
     BatchReader,
+    Op,
     allow_direct,
     build_remove_map,
     fill_remove_map,
     missing_offsets,
     need_check,
     next_op_offset,
+    no_real_half,
     op_of,
 )
 from relay.halfop.protocol import (
@@ -83,7 +85,7 @@ from relay.halfop.protocol import (
 log = logging.getLogger("relay.halfop.coordinator")
 
 OFFSETS_BUCKET = "RMQ_SYS_TRANS_OFFSETS"
-SETTLED_BUCKET = "RMQ_SYS_TRANS_SETTLED"  # msg ids of halfs settled while copies may exist
+SETTLED_BUCKET = "RMQ_SYS_TRANS_SETTLED"  # msg id -> the state it was settled as
 SETTLING_STATES = (
     LocalTransactionState.COMMIT_MESSAGE.value,
     LocalTransactionState.ROLLBACK_MESSAGE.value,
@@ -128,12 +130,14 @@ class CoordinatorStats:
     discarded: int = 0
     rounds: int = 0
     ends_refused: int = 0  # end requests that did not match a half
+    ends_expired: int = 0  # refused: the half is older than its settlement's record lives
+    ops_skipped: int = 0  # messages of the op stream that cannot name a real half
     halfs_unreadable: int = 0  # skipped: gone from the half stream, or no half
     half_read_errors: int = 0  # rounds ended at a half whose reads kept failing
     too_large: int = 0  # halfs discarded: a copy of them would exceed max_payload
     rounds_cut: int = 0  # rounds stopped by max_round_s
     reconnects: int = 0
-    settled_by_copy: int = 0  # answers for a copy of a half another copy had settled
+    settled_by_copy: int = 0  # answers for a settled transaction: another copy's, or replayed
     last_round_s: float = 0.0
     last_round_ops_read: int = 0
     last_round_op_requests: int = 0
@@ -169,6 +173,12 @@ def header_number(headers: dict[str, str], name: str, default: float) -> float:
         return default
 
 
+def record_ttl(setting: float, bucket_ttl: float | None) -> float:
+    """How long a settlement's record surely lives: the setting, or the bucket's own
+    TTL when it is shorter (a bucket made earlier keeps the TTL it was made with)."""
+    return min(setting, bucket_ttl) if bucket_ttl else setting
+
+
 def settled_key(msg_id: str) -> str:
     """A KV key for a msg id (KV keys allow letters, digits, '-', '_', '=', '.')."""
     return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in msg_id) or "_"
@@ -192,6 +202,7 @@ class _Round:
     op_offset: int
     last_half: int  # halfs past it were stored after the round began
     next_op: int = 0
+    half_seen: int = 0  # the half stream's last offset as last read (>= last_half)
     last_op_born: float | None = None  # of the latest pull; None: it found no op
     remove: dict[int, list[int]] = field(default_factory=dict)
     done: list[int] = field(default_factory=list)
@@ -217,7 +228,8 @@ class Coordinator:
         self._kv: KeyValue | None = None
         self._settled: KeyValue | None = None
         self._ops: BatchReader | None = None
-        self._walked_to = 1  # the half consume offset as of the last round
+        self._record_ttl = self.settings.file_reserved_time_s  # of the SETTLED bucket
+        self._skipped: set[int] = set()  # op offsets skipped and logged, not yet passed
         self._stop: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None  # a stop, or the connection closed
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -313,6 +325,7 @@ class Coordinator:
             self._kv = await self._bucket(OFFSETS_BUCKET)
             ttl = self.settings.file_reserved_time_s
             self._settled = await self._bucket(SETTLED_BUCKET, ttl=ttl)
+            self._record_ttl = record_ttl(ttl, (await self._settled.status()).ttl)
             self._ends = await nc.subscribe(
                 END_SUBJECT, queue="outbox-coordinator", cb=self._on_end
             )
@@ -398,38 +411,42 @@ class Coordinator:
             self.stats.ends_refused += 1
             log.warning("end request (%s) for half %d refused: %s", state, half_offset, refusal)
             return False
-        # A half with copies (put back by a round, maybe by a coordinator since killed)
-        # may be answered once per copy: the first answer settles the transaction, the
-        # others only finish their copy, so no half is committed twice.
-        copied = self._may_have_copies(half)
+        if (age := self._record_age(half)) > self._record_ttl:
+            self.stats.ends_expired += 1
+            log.warning(
+                "end request (%s) for half %d refused: the half is %.0f s old, and a "
+                "settlement is on record for %.0f s only (file_reserved_time_s)",
+                state, half_offset, age, self._record_ttl,
+            )  # fmt: skip
+            return False
+        # Every transaction is settled once: a half may be answered once per copy (put
+        # back by a round, maybe by a coordinator since killed), and any end request may
+        # come again (replayed, at any age, past the real stream's duplicate window).
+        # The first answer settles and records; the others only finish their half.
         async with self._one_at_a_time(msg_id):
-            if copied and await self._settled_state(msg_id) is not None:
+            if await self._settled_state(msg_id) is not None:
                 self.stats.settled_by_copy += 1
             else:
-                await self._settle(half, state, remember=copied)
+                await self._settle(half, state)
             await self._write_op(half_offset, msg_id)
         return True
 
-    def _may_have_copies(self, half: _Half) -> bool:
-        """Whether a round (this coordinator's or an earlier one's) may have put this half
-        back: a copy, one with its own immunity, or one old enough to be checked. A half
-        answered in time (the usual end request) costs no lookup."""
-        if half.offset < self._walked_to or CHECK_IMMUNITY_TIME in half.headers:
-            return True
-        if header_number(half.headers, CHECK_TIMES, 0) > 0:
-            return True
-        age = self._age(half)  # the walk's own measure: it checks from this age on
-        return not 0 <= age < self.settings.transaction_timeout_s
+    def _record_age(self, half: _Half) -> float:
+        """The half's age by the producer's clock or the server's, whichever is older:
+        its settlement's record, written later, lives at least this long."""
+        return max(self._age(half), time.time() - half.time)
 
-    async def _settle(self, half: _Half, state: str, remember: bool) -> None:
+    async def _settle(self, half: _Half, state: str) -> None:
         if state == LocalTransactionState.COMMIT_MESSAGE.value:
             if await self._publish_real(half):
                 self.stats.commits += 1
         else:
             self.stats.rollbacks += 1
-        if remember:  # before the op: a copy walked later is finished by this outcome
-            assert self._settled is not None
-            await self._settled.put(settled_key(half.headers.get(UNIQ_KEY, "")), state.encode())
+        # After the real message (a crash between the two asks again, and the duplicate
+        # window absorbs the second publish); before the op: a copy walked later and a
+        # replayed end request are finished by this outcome.
+        assert self._settled is not None
+        await self._settled.put(settled_key(half.headers.get(UNIQ_KEY, "")), state.encode())
 
     @contextlib.asynccontextmanager
     async def _one_at_a_time(self, msg_id: str) -> AsyncIterator[None]:
@@ -493,8 +510,7 @@ class Coordinator:
                 # round began are those past this (no clock is compared).
                 last_half=await self._last_seq(HALF_TOPIC),
             )
-            rnd.next_op = rnd.op_offset
-            self._walked_to = rnd.half_offset
+            rnd.next_op, rnd.half_seen = rnd.op_offset, rnd.last_half
             await self._pull_ops(rnd)
             new_half = await self._walk(rnd)
             if new_half != rnd.half_offset:
@@ -502,7 +518,7 @@ class Coordinator:
             new_op = next_op_offset(rnd.op_offset, rnd.done)
             if new_op != rnd.op_offset:
                 await self._save_offset("op", new_op)
-            self._walked_to = new_half
+            self._skipped = {o for o in self._skipped if o >= new_op}
             self._round_stats(rnd, time.monotonic() - began, new_half, new_op)
 
     def _round_stats(self, rnd: _Round, seconds: float, new_half: int, new_op: int) -> None:
@@ -543,10 +559,17 @@ class Coordinator:
             self.stats.half_read_errors += 1
             log.warning("half %d could not be read (%s): the next round starts there", offset, exc)
             return False
-        if half is None or await self._settled_earlier(half):
+        if half is None:
+            return True
+        age = self._age(half)
+        if (
+            CHECK_IMMUNITY_TIME not in half.headers
+            and 0 <= age < self.settings.transaction_timeout_s
+        ):
+            return False  # too young (its end request may be on its way); all behind it too
+        if await self._settled_earlier(half):
             return True
         check_times = int(header_number(half.headers, CHECK_TIMES, 0))
-        age = self._age(half)
         if check_times >= self.settings.check_max or age > self.settings.file_reserved_time_s:
             await self._discard(half)
             return True
@@ -557,8 +580,6 @@ class Coordinator:
             if age < immunity:
                 await self._put_back(half, check_times)
                 return True
-        elif 0 <= age < immunity:
-            return False  # too young; all behind it are younger still
         verdict = await self._op_or_check(rnd, half, immunity)
         if verdict == "stop":
             return False
@@ -599,7 +620,28 @@ class Coordinator:
         if ops:
             rnd.done += missing_offsets(rnd.next_op, ops)
             rnd.next_op = ops[-1].offset + 1
+        ops = await self._naming_real_halfs(rnd, ops)
         fill_remove_map(rnd.remove, rnd.done, ops, rnd.half_offset)
+
+    async def _naming_real_halfs(self, rnd: _Round, ops: list[Op]) -> list[Op]:
+        """``ops`` without those that cannot name a real half: those are done (skipped,
+        counted and logged once), or the op offset would stick at them for good."""
+        if any(op.half is not None and op.half > rnd.half_seen for op in ops):
+            # Stored after the round began, or never: a half is stored before its op,
+            # so the half stream's end as of now tells (one request, in this case only).
+            rnd.half_seen = await self._last_seq(HALF_TOPIC)
+        naming: list[Op] = []
+        for op in ops:
+            why = no_real_half(op, rnd.half_seen)
+            if not why:
+                naming.append(op)
+                continue
+            rnd.done.append(op.offset)
+            if op.offset not in self._skipped:
+                self._skipped.add(op.offset)
+                self.stats.ops_skipped += 1
+                log.warning("op %d skipped: %s", op.offset, why)
+        return naming
 
     async def _settled_earlier(self, half: _Half) -> bool:
         """Another copy of this half was settled: finish this copy too."""

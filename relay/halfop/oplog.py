@@ -22,13 +22,15 @@ OP_BATCH = 32  # op messages per pull, as RocketMQ pulls them
 DIRECT_GET = "$JS.API.DIRECT.GET"
 END_OF_BATCH = "204"
 NO_MESSAGE = "404"
+MAX_OFFSET_DIGITS = 20  # a stream sequence is a uint64
 
 
 @dataclass(frozen=True)
 class Op:
     offset: int  # its sequence in the op stream
-    half: int | None  # the half offset its body names; None: not an op message
+    half: int | None  # the half offset its body names; None: it names none
     born: float  # when the server stored it, seconds since the epoch
+    problem: str = ""  # why it names no half (when ``half`` is None)
 
 
 def fill_remove_map(
@@ -77,6 +79,21 @@ def need_check(
     return last_op_born - round_started > timeout_s
 
 
+def no_real_half(op: Op, last_half: int) -> str:
+    """Why ``op`` cannot name a real half, or '' when it may.
+
+    ``last_half``: the half stream's last offset, read after ``op`` was pulled. A half is
+    stored before its op, so an op naming a half past it names one that never was.
+    """
+    if op.half is None:
+        return op.problem or "it names no half"
+    if op.half < 1:
+        return f"half offset {op.half} is below 1"
+    if op.half > last_half:
+        return f"half offset {op.half} is past the half stream's last, {last_half}"
+    return ""
+
+
 def missing_offsets(start: int, ops: list[Op]) -> list[int]:
     """The op offsets from ``start`` up to the last of ``ops`` that the stream no longer
     holds (deleted, or purged by a limit): done, or the op offset would stick there."""
@@ -98,13 +115,14 @@ def op_of(msg: Msg, tag_header: str, tag: str) -> Op:
     seq = int(headers["Nats-Sequence"])
     stamp = headers.get("Nats-Time-Stamp", "")
     born = datetime.fromisoformat(stamp).timestamp() if stamp else 0.0
-    half: int | None = None
-    if headers.get(tag_header) == tag:
-        try:
-            half = int(msg.data or b"")
-        except ValueError:
-            half = None  # a body that names no half: nothing to settle
-    return Op(seq, half, born)
+    if headers.get(tag_header) != tag:
+        return Op(seq, None, born, f"no {tag_header}: {tag} (not an op)")
+    body = msg.data or b""
+    # Only what the coordinator writes, str(offset): int() would also take "+1", " 1",
+    # "1_0" and, past 4,300 digits, raise.
+    if not body.isdigit() or len(body) > MAX_OFFSET_DIGITS:
+        return Op(seq, None, born, f"its body {body[:24]!r} is no half offset")
+    return Op(seq, int(body), born)
 
 
 class BatchReader:
