@@ -209,7 +209,7 @@ def raw_text(fields: object) -> str:
     """``fields`` as printable ASCII (JSON, every other character escaped; bytes as their
     UTF-8 text with \\xNN for the rest), cut to about RAW_MAX characters."""
     try:
-        text = json.dumps(plain(fields), ensure_ascii=True)
+        text = json.dumps(plain(fields), ensure_ascii=True).replace("\x7f", "\\u007f")
     except (TypeError, ValueError, RecursionError):
         text = shown(fields)
     return text if len(text) <= RAW_MAX else f"{text[:RAW_MAX]}... ({len(text)} characters)"

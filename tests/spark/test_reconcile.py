@@ -94,6 +94,8 @@ def night_of(tmp_path: Path, rows: list[tuple[str, str, str, bool]]) -> tuple[st
             "broker_ts": [datetime.fromisoformat(f"{day}{r[2]}+00:00") for r in delivered],
             "key": [None] * len(delivered),
             "outbox_seq": [None] * len(delivered),
+            "malformed": [None] * len(delivered),
+            "raw": [None] * len(delivered),
         },
         schema=schema.BROKER,
     )
