@@ -30,7 +30,8 @@ EXIT_STATUSES = (
     ("2", "usage error: a bad or missing flag or value (a number outside the range its "
      "--help gives, an --out that cannot be written), a msg_id that does not exist"),
     ("3", "the data is wrong: dead messages (status, dead listed some; drain made some "
-     "dead), lost, phantom or out-of-order messages (reconcile, compare)"),
+     "dead or left some blocked behind one), lost, phantom or out-of-order messages "
+     "(reconcile, compare)"),
     ("4", "the data is late: stuck messages, committed and still pending past the SLA, none "
      "lost, phantom or out of order (reconcile, compare); the sweeper may still deliver them"),
     ("130, 143", "stopped by SIGINT (Ctrl-C) or SIGTERM (drain; relay on a second signal)"),
