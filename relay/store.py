@@ -522,7 +522,8 @@ def backlog_by_topic(
 def backlog_row(row: Any) -> Backlog:
     """A Backlog of a result row, the counts as ints (MariaDB's SUM is a DECIMAL)."""
     kept = ("topic", "oldest_pending", "next_due")
-    return Backlog(**{k: v if k in kept else int(v) for k, v in row._mapping.items()})
+    values: dict[str, Any] = {k: v if k in kept else int(v) for k, v in row._mapping.items()}
+    return Backlog(**values)
 
 
 def settled_by_topic(conn: Connection, now: datetime) -> dict[str, dict[str, int]]:
