@@ -40,6 +40,7 @@ from relay.cli.common import (
     add_debug_flag,
     exit_statuses_text,
     from_environment,
+    refuse_missing_sqlite,
 )
 from relay.cli.settings_flags import settings_from_args
 
@@ -151,6 +152,8 @@ def check_urls(args: argparse.Namespace) -> None:
     try:
         if getattr(args, "db", None):
             check_db_url(args.db)
+            if args.command != "migrate":  # the one command that may create the database
+                refuse_missing_sqlite(args.db)
         if getattr(args, "broker", None):
             check_broker_url(args.broker)
     except ConfigError as exc:

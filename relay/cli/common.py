@@ -6,9 +6,10 @@ import argparse
 import os
 import textwrap
 import uuid
+from pathlib import Path
 from typing import TypeAlias, TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, make_url
 
 from outbox.engines import engine_from
 from outbox.errors import OutboxError
@@ -111,6 +112,21 @@ def database(args: argparse.Namespace, reads: bool = False) -> Engine:
     """The engine for --db, with the command line's timeouts (reads bounded when asked)."""
     timeout = args.settings.connect_timeout_s  # resolved by main(): flag, app, env, default
     return engine_from(args.db, timeout, READ_TIMEOUT_S if reads else None)
+
+
+def refuse_missing_sqlite(url: str) -> None:
+    """A SQLite --db whose file does not exist is bad usage (exit 2) naming the path: SQLite
+    would create an empty file on connect, so a typo left a new database behind. Only
+    ``outbox migrate`` creates one (its caller skips this check)."""
+    parsed = make_url(url)
+    name = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not name or name == ":memory:":
+        return
+    if name.startswith("file:"):  # a URI filename (?uri=true): its mode= decides
+        return
+    if not Path(name).exists():
+        raise UsageError(f"--db: no SQLite database at {Path(name).resolve()} "
+                         "(only `outbox migrate` creates one)")  # fmt: skip
 
 
 def required(value: T | None, flag: str, purpose: str) -> T:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from sqlalchemy import create_engine
 
-from relay.cli import build_parser
+from relay.cli import build_parser, main
 from relay.runtime import Relay
 from relay.testing import MemoryBroker
 from relay.testing.embedded import free_port
@@ -24,3 +27,26 @@ def test_metrics_listen_on_loopback_unless_told(sqlite_url: str) -> None:
     finally:
         relay.stop(timeout=5)
         engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["status"], ["dead"], ["requeue", "--dead"], ["show", "0" * 32], ["dashboard"],
+     ["relay", "--broker", "nats://127.0.0.1:1"], ["drain", "--broker", "nats://127.0.0.1:1"],
+     ["export", "ledger", "--out", "x.parquet"]],
+    ids=lambda command: command[0],
+)  # fmt: skip
+def test_a_command_that_reads_never_creates_a_sqlite_file(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """`outbox status --db sqlite:///typo.sqlite` made an empty file: a usage error naming
+    the path now, the file left unmade; `outbox migrate` still creates the database."""
+    monkeypatch.chdir(tmp_path)
+    typo = tmp_path / "typo.sqlite"
+    assert main([command[0], "--db", "sqlite:///typo.sqlite", *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert f"--db: no SQLite database at {typo}" in err and "outbox migrate" in err, err
+    assert not typo.exists()
+    assert main(["migrate", "--db", "sqlite:///typo.sqlite"]) == 0 and typo.exists()
+    assert main(["status", "--db", "sqlite:///typo.sqlite"]) == 0
