@@ -42,3 +42,21 @@ def test_readme_names_the_two_commands() -> None:
     text_ = README.read_text()
     assert text_.index("make demo") < text_.index("## Use")
     assert "make test" in text_
+
+
+def test_the_migrate_lines_are_what_migrate_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's `outbox migrate` lines, for a new database and a second run, are the
+    command's own (they said `upgraded 0001 -> 0007` where a new database prints `none`)."""
+    from relay.cli import main
+
+    url = f"sqlite:///{tmp_path}/new.sqlite"
+    printed = []
+    for _ in range(2):
+        assert main(["migrate", "--db", url]) == 0
+        printed.append(capsys.readouterr().out.strip().replace(url, "URL"))
+    shown = re.findall(r"`(outbox schema [^`]*)`", README.read_text())
+    assert printed[0].startswith("outbox schema upgraded none -> ")
+    assert printed[1].startswith("outbox schema already at ")
+    assert set(printed) <= set(shown), (printed, shown)
