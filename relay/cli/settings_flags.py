@@ -36,6 +36,13 @@ from spark_jobs.flags import DECIMAL
 
 # Older flags in another unit than their field: flag -> (field, how many field units one is).
 SCALED = {"--retention-days": ("retention_s", 86400.0)}
+# Fields only an app's own relay (its fast path) or send() reads: a worker (outbox relay,
+# outbox drain) runs the sweeper and the scheduler alone. Their flags and variables are
+# still taken and checked (an app and its workers often share one environment, and
+# handoff_limit_s must stay below the worker's sweeper_age_s), but --help lists them not.
+APP_ONLY = frozenset({"max_payload_bytes", "queue_size", "retry_delays_ms", "tick_ms",
+                      "handoff_limit_s", "publish_batch", "max_in_flight", "ack_batch_size",
+                      "ack_flush_ms", "verify_commit"})  # fmt: skip
 
 
 def metavar(f: Field[Any]) -> str:
@@ -54,7 +61,8 @@ def metavar(f: Field[Any]) -> str:
 
 
 def add_settings_flags(parser: argparse.ArgumentParser, names: Iterable[str] | None = None) -> None:
-    """A flag per Settings field (``names`` only, if given) that ``parser`` lacks yet."""
+    """A flag per Settings field (``names`` only, if given) that ``parser`` lacks yet; all of
+    them (a worker's command) hides the APP_ONLY ones from --help."""
     offered = list(parser.get_default("settings_fields") or [])
     group = settings_group(parser)
     wanted = None if names is None else set(names)
@@ -63,11 +71,13 @@ def add_settings_flags(parser: argparse.ArgumentParser, names: Iterable[str] | N
             continue
         env = " or ".join(f"${name}" for name in env_names(f))
         span = f"{bounds}; " if (bounds := range_of(f)) else ""
+        help = f"{f.metadata['help']} ({span}default: {env} or {as_text(f.default)})"
+        hidden = wanted is None and f.name in APP_ONLY
         group.add_argument(
             *flag_names(f),
             dest=f.name,
             metavar=metavar(f),
-            help=f"{f.metadata['help']} ({span}default: {env} or {as_text(f.default)})",
+            help=argparse.SUPPRESS if hidden else help,
         )
         offered.append(f.name)
         for flag, (name, _) in SCALED.items():
@@ -85,7 +95,8 @@ def settings_group(parser: argparse.ArgumentParser) -> Any:
     return parser.add_argument_group(
         "settings",
         "one flag per field of outbox.settings.Settings (docs/configuration.md); "
-        "a flag wins over --app, $OUTBOX_<FIELD> and the default",
+        "a flag wins over --app, $OUTBOX_<FIELD> and the default. The fast path's fields "
+        "(queue_size, tick_ms, ...), which a worker does not use, are accepted but not listed",
     )
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine
 
-from relay.cli import build_parser, main
+from relay.cli import build_parser, command_settings, main
+from relay.cli.common import UsageError
 from relay.runtime import Relay
 from relay.testing import MemoryBroker
 from relay.testing.embedded import free_port
@@ -50,3 +51,32 @@ def test_a_command_that_reads_never_creates_a_sqlite_file(
     assert not typo.exists()
     assert main(["migrate", "--db", "sqlite:///typo.sqlite"]) == 0 and typo.exists()
     assert main(["status", "--db", "sqlite:///typo.sqlite"]) == 0
+
+
+# What only the fast path (or send()) reads: a worker runs the sweeper and the scheduler.
+FAST_PATH_ONLY = ["--queue-size", "--retry-delays-ms", "--tick-ms", "--handoff-limit-s",
+                  "--publish-batch", "--max-in-flight", "--ack-batch-size", "--ack-flush-ms",
+                  "--verify-commit", "--max-payload-bytes"]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["relay", "drain"])
+def test_a_workers_help_lists_no_fast_path_flag(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`outbox relay --help` listed flags a worker ignores; they are still taken, from a
+    flag or an environment an app shares, checked and harmless."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    shown = capsys.readouterr().out
+    assert "--sweeper-age-s" in shown and "--max-attempts" in shown
+    assert [flag for flag in FAST_PATH_ONLY if flag in shown] == []
+    monkeypatch.setenv("OUTBOX_QUEUE_SIZE", "5")
+    monkeypatch.setenv("OUTBOX_HANDOFF_LIMIT_S", "3")
+    args = build_parser().parse_args([command, "--tick-ms", "2", "--sweeper-age-s", "4"])
+    settings = command_settings(args, None)
+    assert (settings.queue_size, settings.handoff_limit_s, settings.tick_ms) == (5, 3, 2)
+    monkeypatch.setenv("OUTBOX_HANDOFF_LIMIT_S", "20")  # still checked against sweeper_age_s
+    with pytest.raises(
+        UsageError, match=r"handoff_limit_s \(OUTBOX_HANDOFF_LIMIT_S\): must be below"
+    ):
+        command_settings(build_parser().parse_args([command]), None)
