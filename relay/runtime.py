@@ -18,12 +18,17 @@ the reverse order, within one deadline:
   while a sweep finishes.
 
 Every part, and the Relay, keeps relay.part's contract: ``start()``, ``stop(timeout)
--> bool``, both idempotent and safe from any thread.
+-> bool``, both idempotent and safe from any thread. A Relay still running when the
+interpreter exits (a script that forgot ``ob.stop()``) is stopped by an atexit hook,
+within AT_EXIT_TIMEOUT_S: its threads would otherwise be killed mid-loop ("Task was
+destroyed but it is pending!"); what it did not finish stays pending for a sweeper.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -49,6 +54,9 @@ from relay.sweeper_jobs import SweeperJobs
 __all__ = ["Relay"]
 
 log = logging.getLogger("relay.runtime")
+# A Relay left running at exit gets this long to finish its publishes and acks: what it
+# has not finished by then stays pending (the sweeper publishes it later).
+AT_EXIT_TIMEOUT_S = 5.0
 
 
 class Relay(Lifecycle):
@@ -91,6 +99,7 @@ class Relay(Lifecycle):
         super().__init__()
         self.engine = engine
         self._own_engine = own_engine
+        self._pid = os.getpid()  # the process that started it (set again by start())
         self.settings = settings = settings or Settings()
         self.listeners = Listeners(*listeners)  # one set: the fast path's and the sweeper's
         self.broker_loop = BrokerLoop(broker_for(broker) if isinstance(broker, str) else broker,
@@ -151,11 +160,21 @@ class Relay(Lifecycle):
         except BaseException:
             self._stop(5.0)
             raise
+        self._pid = os.getpid()
+        atexit.register(self._stop_at_exit)
+
+    def _stop_at_exit(self) -> None:
+        """At interpreter exit, after the app's own threads ended and before the relay's
+        daemon threads are killed: stop as stop() does, in this process only (a forked
+        child that exits through atexit holds a copy of the Relay without its threads)."""
+        if os.getpid() == self._pid:
+            self.stop(AT_EXIT_TIMEOUT_S)
 
     def _stop(self, timeout: float) -> bool:
         """The parts in reverse order, within ``timeout`` in all: the fast path finishes
         its publishes and acks, then a sweep in hand its batch, then the broker loop closes.
         False when one of them did not finish in time (what it held stays pending)."""
+        atexit.unregister(self._stop_at_exit)
         deadline = time.monotonic() + timeout
         finished = True
         for part in reversed(self._parts()):

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
+import uuid
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, select
 
+from outbox.table import outbox_message as t
+from relay.brokers.nats import read_stream
 from relay.cli import build_parser, command_settings, main
 from relay.cli.common import UsageError
 from relay.runtime import Relay
@@ -80,3 +86,47 @@ def test_a_workers_help_lists_no_fast_path_flag(
         UsageError, match=r"handoff_limit_s \(OUTBOX_HANDOFF_LIMIT_S\): must be below"
     ):
         command_settings(build_parser().parse_args([command]), None)
+
+
+FORGETS_STOP = """
+import sys
+from sqlalchemy.orm import Session
+from outbox import Outbox, migrate
+from relay.testing import MemoryBroker
+
+db, broker = sys.argv[1], sys.argv[2]
+ob = Outbox(db, broker=broker or MemoryBroker())
+migrate.upgrade(ob.engine)
+ob.start()
+with Session(ob.engine) as session, session.begin():
+    print(ob.send(session, "forgot.stop", {"n": 1}))
+# no ob.stop(): the interpreter exits with the relay running
+"""
+
+
+@pytest.mark.parametrize("kind", ["memory", "nats"])
+def test_a_script_without_stop_exits_quietly_and_loses_nothing(
+    kind: str, sqlite_url: str, request: pytest.FixtureRequest
+) -> None:
+    """A script that forgot ob.stop() printed "Task was destroyed but it is pending!" (the
+    relay's loop thread was killed at exit): the relay is stopped at exit now, quietly,
+    and the committed message is published, or left pending for a sweeper."""
+    broker = ""
+    if kind == "nats":
+        server = request.getfixturevalue("nats_server")
+        name, _ = request.getfixturevalue("stream")
+        broker = f"{server.url}?stream={name}&subjects=forgot.>"
+    done = subprocess.run([sys.executable, "-c", FORGETS_STOP, sqlite_url, broker],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Task was destroyed" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    msg_id = done.stdout.strip()
+    engine = create_engine(sqlite_url)
+    with engine.connect() as conn:
+        [status] = conn.execute(select(t.c.status).where(t.c.msg_id == uuid.UUID(msg_id))).scalars()
+    engine.dispose()
+    assert status in ("sent", "pending"), status
+    if kind == "nats":
+        assert status == "sent"
+        at_broker = asyncio.run(read_stream(server.url, name))
+        assert [m.msg_id for m in at_broker] == [msg_id]
