@@ -103,7 +103,8 @@ def test_an_op_naming_no_real_half_is_skipped_and_does_not_pin_the_op_offset(
 
 class HalfDuringTheRound(Coordinator):
     """Once armed, a half is stored and settled after its round read the half stream's
-    end and before the round's first pull: that op names a half past ``last_half``."""
+    end and before the round's first pull: that op names a half past ``last_half``. An
+    op naming no half follows it."""
 
     armed = False
     topic = ""
@@ -127,10 +128,14 @@ class HalfDuringTheRound(Coordinator):
         )
         assert done
         self.settled = msg
+        await self._js.publish(OP_TOPIC, b"0", headers={TAGS_HEADER: OP_TAG})
 
 
 def test_the_op_of_a_half_stored_after_the_round_began_is_not_skipped(
-    nats_server: NatsServer, real_stream: tuple[str, str], producers: list[TransactionProducer]
+    nats_server: NatsServer,
+    real_stream: tuple[str, str],
+    producers: list[TransactionProducer],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     name, prefix = real_stream
     coordinator = HalfDuringTheRound(nats_server.url, MANUAL)
@@ -143,15 +148,19 @@ def test_the_op_of_a_half_stored_after_the_round_began_is_not_skipped(
         coordinator.armed = True
         coordinator.check_now()
         assert coordinator.settled is not None and coordinator.stats.ops_written == 2
-        assert coordinator.stats.ops_skipped == 0, "its half is stored: the op names it"
+        assert coordinator.stats.ops_skipped == 1, "its half is stored: only op 3 names none"
         assert saved_op_offset(nats_server.url) == 2, "its half waits for the next round"
         old_enough()
         coordinator.check_now()
         assert coordinator.stats.last_round_halfs_walked == 1
-        assert saved_op_offset(nats_server.url) == 3, "its op, read again, is passed"
-        assert coordinator.stats.ops_skipped == 0
+        assert coordinator.stats.last_round_ops_read == 2, "ops 2 and 3 again"
+        assert saved_op_offset(nats_server.url) == 4, "its op, read again, is passed"
+        assert coordinator.stats.ops_skipped == 1, "op 3, read again, is not counted again"
         assert coordinator.stats.ops_written == 2, "settled by its op, not again by its record"
         assert coordinator.stats.check_requests == 0
     finally:
         coordinator.stop()
     assert real_ids(nats_server, name) == [first.msg_id, coordinator.settled.msg_id]
+    assert [m for m in caplog.messages if " skipped: " in m] == [
+        "op 3 skipped: half offset 0 is below 1"
+    ], "logged once"
