@@ -7,11 +7,14 @@ in place: an op message (tag ``d``, body = half offset) is how a half is marked 
 End transaction: the request must match its half (producer group, transaction id,
 msg id: RocketMQ's checkPrepareMessage), else it is refused. COMMIT rebuilds the real
 message from the half (real topic, the app's headers, msg_id as ``Nats-Msg-Id``),
-publishes it, then writes the op; ROLLBACK writes only the op; UNKNOW does nothing
-(check-back will ask).
+publishes it, records the outcome (the SETTLED bucket), then writes the op; ROLLBACK
+records and writes the op; UNKNOW does nothing (check-back will ask). A transaction on
+record is not settled again: a replayed request, or another copy's answer, only gets
+its op. A request for a half older than a record lives is refused.
 
 Check service, every ``check_interval_s`` (RocketMQ 4.x TransactionalMessageServiceImpl
-.check): pull 32 op messages from the op consume offset into a removeMap; walk the
+.check): pull 32 op messages from the op consume offset into a removeMap (a message that
+cannot name a real half is skipped and passed); walk the
 halfs from the half consume offset: a half in the removeMap is done; discard those
 checked ``check_max`` times or older than ``file_reserved_time_s`` into
 TRANS_CHECK_MAX_TIME_TOPIC; stop at a half stored after the round began or younger
@@ -406,8 +409,9 @@ class Coordinator:
     async def end_transaction(
         self, half_offset: int, state: str, *, group: str, transaction_id: str, msg_id: str
     ) -> bool:
-        """Settle the half at ``half_offset`` as ``state``; False when nothing was done
-        (UNKNOW, or a request that does not match its half)."""
+        """Settle the half at ``half_offset`` as ``state``, unless its transaction was
+        settled already (then only the op is written); False when nothing was done
+        (UNKNOW, a request that does not match its half, or one too old to tell)."""
         if state not in SETTLING_STATES:
             self.stats.unknown += 1
             return False
@@ -438,8 +442,9 @@ class Coordinator:
         return True
 
     def _record_age(self, half: _Half) -> float:
-        """The half's age by the producer's clock or the server's, whichever is older:
-        its settlement's record, written later, lives at least this long."""
+        """The half's age by the producer's clock or the server's, whichever is older.
+        A settlement is recorded after its half was stored: while this age is within the
+        record's TTL, a record made for the transaction is still there."""
         return max(self._age(half), time.time() - half.time)
 
     async def _settle(self, half: _Half, state: str) -> None:
