@@ -67,7 +67,7 @@ class DeadLetters:
         with self._lock:
             self._close_if_over()
             for failed in dead:
-                why = reason(failed.error)
+                why = safe(reason(failed.error))  # one line, no terminal escapes
                 if self._window_ends is None:
                     self._window_ends = self.clock() + self.window_s
                 if self._told < self.burst:
@@ -119,7 +119,7 @@ def named(reasons: Counter[str]) -> str:
     """'1,200 x permanent: too large, 34 x ...': the REASONS_NAMED most frequent reasons,
     then how many others (a line stays short whatever the errors)."""
     ranked = sorted(reasons.items(), key=lambda item: (-item[1], item[0]))
-    shown = [f"{n:,} x {why}" for why, n in ranked[:REASONS_NAMED]]
+    shown = [f"{n:,} x {safe(why)}" for why, n in ranked[:REASONS_NAMED]]
     if len(ranked) > REASONS_NAMED:
         others = sum(n for _, n in ranked[REASONS_NAMED:])
         shown.append(f"{others:,} x {len(ranked) - REASONS_NAMED} other reason(s)")

@@ -142,8 +142,10 @@ def test_a_reason_is_the_errors_first_line_and_the_topic_is_escaped(
 ) -> None:
     """A dead line is one line, whatever the error or a planted row's topic hold."""
     told = letters(clock)
-    told.went_dead([Failed("id-x", "a\nb\x1b[31m", 3, "permanent: x\n  Traceback")], "sweeper")
+    told.went_dead(
+        [Failed("id-x", "a\nb\x1b[31m", 3, "permanent: \x1b[2Jx\n  Traceback")], "sweeper"
+    )
     message = lines[0].getMessage()
     assert "\n" not in message and "\x1b" not in message
-    assert message.endswith("topic=a\\nb\\x1b[31m attempts=3 reason: permanent: x")
+    assert message.endswith("topic=a\\nb\\x1b[31m attempts=3 reason: permanent: \\x1b[2Jx")
     assert reason("   \n") == "(no error text)"
