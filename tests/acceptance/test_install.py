@@ -81,7 +81,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
-def test_the_wheel_builds_without_warnings_and_holds_the_data_files(wheel: Path) -> None:
+def test_building_the_wheel_prints_no_warning_and_keeps_the_data_files(wheel: Path) -> None:
     """Every install used to print ~180 lines of setuptools' "Package would be ignored"
     (the template and static folders were not declared): none now, and each of those
     folders' files is in the wheel."""
