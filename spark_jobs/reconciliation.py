@@ -186,10 +186,13 @@ def without_earlier_commits(
     if not count:
         found.unpersist()
         return classified
-    # left_anti: a row with a null msg_id (malformed, the null phantom) matches nothing.
+    # left_anti: a row with a null msg_id (malformed, the null phantom) matches nothing,
+    # and only phantoms go: a stranger's entry may carry a real msg_id, it stays reported.
+    ids = found.select(F.col("msg_id").alias("found_id"))
+    match = (F.col("msg_id") == F.col("found_id")) & (F.col("kind") == "phantom")
     if count <= LOOKUP_CAP:  # the usual case: broadcast, the classification stays put
-        return classified.join(F.broadcast(found), "msg_id", "left_anti")
-    return classified.join(found, "msg_id", "left_anti").cache()  # a shuffle: done once
+        return classified.join(F.broadcast(ids), match, "left_anti")
+    return classified.join(ids, match, "left_anti").cache()  # a shuffle: done once
 
 
 def with_ledger_columns(ledger: DataFrame) -> DataFrame:

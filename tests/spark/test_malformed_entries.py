@@ -38,10 +38,12 @@ def test_strangers_entries_are_exported_as_malformed_and_reconciled_as_a_discrep
     now = datetime.now(UTC)
     with broker_under_test("redis") as bt:
         topic = f"{bt.prefix}.orders"
-        good = [build_message(topic, {"n": n}, max_payload_bytes=1000) for n in range(2)]
+        good = [build_message(topic, {"n": n}, max_payload_bytes=1000) for n in range(3)]
         asyncio.run(publish(bt.make(), good))
         client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
-        for fields in STRANGERS:
+        # one more stranger copies the msg_id of a late delivery (committed long before)
+        copied = {b"msg_id": good[2].msg_id.encode(), b"payload": b"x", b"headers": b"5"}
+        for fields in [*STRANGERS, copied]:
             client.xadd(f"{bt.prefix}:{topic}", fields)  # type: ignore[arg-type]
         client.close()
         out = tmp_path / "broker.parquet"
@@ -49,38 +51,42 @@ def test_strangers_entries_are_exported_as_malformed_and_reconciled_as_a_discrep
         assert main([*args, "--out", str(out)]) == 0
 
     said = capsys.readouterr().out
-    assert said.startswith(f"exported 6 row(s) to {out}, 4 malformed (entries"), said
+    assert said.startswith(f"exported 8 row(s) to {out}, 5 malformed (entries"), said
     rows = pq.read_table(out).to_pylist()
-    assert [r["msg_id"] for r in rows] == [m.msg_id for m in good] + ["s-1", "s-2", "s-3", None]
+    ids = [m.msg_id for m in good]
+    assert [r["msg_id"] for r in rows] == [*ids, "s-1", "s-2", "s-3", None, ids[2]]
     assert [r["malformed"] for r in rows] == [
+        None,
         None,
         None,
         "headers b'{' are not JSON",
         "headers are a JSON list, not an object",
         "header 'Outbox-Seq' is int, not text",
         "msg_id b'\\xff\\xfe' is not UTF-8",
+        "headers are a JSON int, not an object",
     ]
-    assert json.loads(rows[5]["raw"])["msg_id"] == "\\xff\\xfe"  # escaped, printable
-    assert all(r["raw"] is None for r in rows[:2]) and all(r["raw"] for r in rows[2:])
+    assert json.loads(rows[6]["raw"])["msg_id"] == "\\xff\\xfe"  # escaped, printable
+    assert all(r["raw"] is None for r in rows[:3]) and all(r["raw"] for r in rows[3:])
 
     ledger = tmp_path / "ledger.parquet"
-    pq.write_table(ledger_of(good, now - timedelta(seconds=1)), ledger)
+    long_before = now - timedelta(hours=3)  # before --lookback: looked up as a phantom
+    pq.write_table(ledger_of(good[:2], now - timedelta(seconds=1), good[2:], long_before), ledger)
     window = Window(now - timedelta(hours=1), now + timedelta(hours=1), 60)
     folder = tmp_path / "out"
     summary = reconciliation.reconcile(spark, str(ledger), str(out), folder, window)
     total = summary["total"]
     assert (total["committed"], total["delivered"], total["phantom"]) == (2, 2, 0)
-    assert total["malformed_at_broker"] == 4 and total["malformed"] == 0
-    assert summary["topics"][topic]["malformed_at_broker"] == 4
+    assert total["malformed_at_broker"] == 5 and total["malformed"] == 0
+    assert summary["topics"][topic]["malformed_at_broker"] == 5
     assert reconcile_job.exit_status(total) == 3  # a discrepancy
     found = spark.read.parquet(str(folder / "discrepancies")).collect()
     assert sorted(r["details"] for r in found) == sorted(
-        f"{r['malformed']} (entry {r['seq']})" for r in rows[2:]
+        f"{r['malformed']} (entry {r['seq']})" for r in rows[3:]
     )
     assert {r["kind"] for r in found} == {"malformed_at_broker"}
     page = (folder / "report.html").read_text()
     assert 'id="verdict">DISCREPANCIES<' in page
-    assert "4 malformed at the broker" in page
+    assert "5 malformed at the broker" in page
     assert "malformed_at_broker" in (folder / "discrepancies.csv").read_text()
 
 
@@ -93,11 +99,15 @@ async def publish(broker: Broker, messages: list[Message]) -> None:
         await broker.close()
 
 
-def ledger_of(messages: list[Message], created: datetime) -> pa.Table:
-    """The relay's ledger for ``messages``: each marked sent at ``created``."""
+def ledger_of(
+    messages: list[Message], created: datetime, earlier: list[Message], before: datetime
+) -> pa.Table:
+    """The relay's ledger: ``messages`` committed and sent at ``created``, ``earlier``
+    ones at ``before``."""
+    stamped = [(m, created) for m in messages] + [(m, before) for m in earlier]
     rows = [
         {"id": n, "msg_id": m.msg_id, "topic": m.topic, "status": "sent",
-         "created_at": created, "sent_at": created, "attempts": 1}
-        for n, m in enumerate(messages, start=1)
+         "created_at": at, "sent_at": at, "attempts": 1}
+        for n, (m, at) in enumerate(stamped, start=1)
     ]  # fmt: skip
     return pa.Table.from_pylist(rows, schema=schema.LEDGER)
