@@ -20,7 +20,7 @@ from spark_jobs.flags import bounded_int
 EXIT_OK = 0  # it did what was asked
 EXIT_FAILED = 1  # a runtime error: database or broker unreachable, a schema problem, ...
 EXIT_USAGE = 2  # argparse's own code: a bad flag or value, an unknown msg_id
-EXIT_DATA = 3  # it ran, and the data is wrong: dead, lost, phantom or out-of-order messages
+EXIT_DATA = 3  # the data is wrong: dead, lost, phantom, out-of-order messages, malformed entries
 EXIT_DEAD = EXIT_DATA  # dead messages: one case of EXIT_DATA
 EXIT_STUCK = 4  # it ran, nothing is lost, but messages are late: stuck past the SLA
 EXIT_PIPE = 141  # 128 + SIGPIPE: stdout closed by its reader (`| head`), as cat and git do
@@ -31,8 +31,8 @@ EXIT_STATUSES = (
     ("2", "usage error: a bad or missing flag or value (a number outside the range its "
      "--help gives, an --out that cannot be written), a msg_id that does not exist"),
     ("3", "the data is wrong: dead messages (status, dead listed some; drain made some "
-     "dead or left some blocked behind one), lost, phantom or out-of-order messages "
-     "(reconcile, compare)"),
+     "dead or left some blocked behind one), lost, phantom or out-of-order messages or "
+     "malformed entries at the broker (reconcile, compare)"),
     ("4", "the data is late: stuck messages, committed and still pending past the SLA, none "
      "lost, phantom or out of order (reconcile, compare); the sweeper may still deliver them"),
     ("130, 143", "stopped by SIGINT (Ctrl-C) or SIGTERM (drain; relay on a second signal)"),
