@@ -31,6 +31,8 @@ itself, in chunks, for ``outbox export broker``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
@@ -51,6 +53,7 @@ from relay.brokers.base import (
     BrokerRefused,
     Chunk,
     checked,
+    malformed,
     unexpected,
     unreachable,
     utc,
@@ -186,6 +189,42 @@ class RabbitBroker(Broker, LogReader):
             yield entries
 
 
+# A frame the client cannot decode (pamqp fails the whole connection on a message_id or
+# header that is not UTF-8): only a stranger's raw client can have sent it.
+UNDECODABLE = aiormq_errors.InvalidFrameError
+
+
+class Place:
+    """How far a read has come: the stream offset of the last delivery taken."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+
+    def took(self, message: Any) -> None:
+        offset = (message.headers or {}).get("x-stream-offset")
+        if isinstance(offset, int):
+            self.last = offset
+
+
+class QuietUndecodable(logging.Filter):
+    """Drops aiormq's warning (with a traceback) about a frame it could not decode, while
+    a read turns that entry into a malformed one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], UNDECODABLE))
+
+
+class Closed:
+    """Put in the inbox when the connection closes, with what closed it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException | None) -> None:
+        self.error = error
+
+
 async def read_queue(
     url: str, queue_name: str, since: datetime | None = None, until: datetime | None = None
 ) -> AsyncIterator[list[LogEntry]]:
@@ -195,11 +234,59 @@ async def read_queue(
     relay's publish time (the AMQP ``timestamp``, in whole seconds: RabbitMQ stores no
     arrival time per message), so the window is widened to whole seconds; extra rows
     at its edges do no harm, since reconciliation matches by msg_id.
+
+    An entry the client cannot decode closes the connection: the read goes on from
+    the offset after the last entry taken, on a new connection; a read that fails there
+    before any delivery has found the undecodable entry's offset, which becomes a
+    malformed entry, and the read goes on after it.
     """
+    place = Place()
+    start: datetime | str | int = since if since else "first"
+    quiet, aiormq_log = QuietUndecodable(), logging.getLogger("aiormq.connection")
+    aiormq_log.addFilter(quiet)
+    try:
+        while True:
+            before = place.last
+            try:
+                async for entries in read_from(url, queue_name, start, since, until, place):
+                    yield entries
+                return
+            except UNDECODABLE as exc:
+                if place.last is None:
+                    raise OutboxError(
+                        f"broker export: the first entry read from {queue_name!r} cannot be "
+                        f"decoded ({exc}); read from a later --since"
+                    ) from None
+                if isinstance(start, int) and place.last == before:  # failed at ``start``
+                    yield [undecodable(start, exc)]
+                    place.last = start
+                start = place.last + 1
+    finally:
+        aiormq_log.removeFilter(quiet)
+
+
+def undecodable(offset: int, exc: BaseException) -> LogEntry:
+    """The malformed entry at ``offset`` that the client could not decode."""
+    stranger = LogEntry(None, "", str(offset), None, b"", {})
+    reason = f"an AMQP frame the client cannot decode ({exc})"
+    return malformed(stranger, reason, {"offset": offset, "error": str(exc)})
+
+
+async def read_from(
+    url: str,
+    queue_name: str,
+    start: datetime | str | int,
+    since: datetime | None,
+    until: datetime | None,
+    place: Place,
+) -> AsyncIterator[list[LogEntry]]:
+    """One connection's read from ``start`` (an offset spec) up to a marker of its own."""
     try:
         connection = await aio_pika.connect(url, timeout=READ_TIMEOUT_S)
     except (OSError, TimeoutError) as exc:  # aio_pika's connection errors are OSErrors
         raise unreachable(url, exc) from None
+    inbox: asyncio.Queue[Any] = asyncio.Queue()  # holds at most PREFETCH messages
+    connection.close_callbacks.add(lambda _, exc: inbox.put_nowait(Closed(exc)))
     try:
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=PREFETCH)  # stream queues refuse consumers without
@@ -209,15 +296,17 @@ async def read_queue(
             raise OutboxError(
                 f"no queue {queue_name!r}: set ?audit={queue_name} on the relay's broker URL"
             ) from None
-        inbox: asyncio.Queue[Any] = asyncio.Queue()  # holds at most PREFETCH messages
         # pamqp sends a datetime as an AMQP timestamp (whole seconds): attach by time.
-        offset: datetime | str = since if since else "first"
-        await queue.consume(inbox.put, arguments={"x-stream-offset": offset})
-        marker = await publish_marker(channel, queue_name)
-        async for rows in read_until_marker(inbox, marker, since, until):
+        await queue.consume(inbox.put, arguments={"x-stream-offset": start})
+        try:
+            marker: str | None = await publish_marker(channel, queue_name)
+        except UNDECODABLE:
+            marker = None  # the connection failed on a delivery: Closed follows in the inbox
+        async for rows in read_until_marker(inbox, marker, since, until, place):
             yield rows
     finally:
-        await connection.close()
+        with contextlib.suppress(Exception):  # a connection a bad frame closed is gone
+            await connection.close()
 
 
 async def publish_marker(channel: Any, queue_name: str) -> str:
@@ -234,25 +323,37 @@ async def publish_marker(channel: Any, queue_name: str) -> str:
 
 
 async def read_until_marker(
-    inbox: asyncio.Queue[Any], marker: str, since: datetime | None, until: datetime | None
+    inbox: asyncio.Queue[Any],
+    marker: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    place: Place,
 ) -> AsyncIterator[list[LogEntry]]:
     first = whole_second(since)  # attaching by time starts at a chunk: filter here too
     chunk = Chunk()
     while True:
         try:
-            message = await asyncio.wait_for(inbox.get(), READ_TIMEOUT_S)
+            item = await asyncio.wait_for(inbox.get(), READ_TIMEOUT_S)
         except TimeoutError:
             raise OutboxError(
                 f"broker export: no delivery for {READ_TIMEOUT_S:.0f} s before the end marker"
             ) from None
-        await message.ack()  # a stream queue sends more only as deliveries are acked
-        if message.message_id == marker:
+        if isinstance(item, Closed):  # what was taken is yielded before the error
+            if chunk.entries:
+                yield chunk.take()
+            raise item.error or OutboxError("broker export: the connection closed")
+        place.took(item)
+        if item.message_id is not None and item.message_id == marker:
             break
-        ts = utc(message.timestamp)
-        if message.type != MARKER_TYPE and in_window(ts, first, until):
-            chunk.add(entry_of(message, ts))
+        ts = utc(item.timestamp)
+        if item.type != MARKER_TYPE and in_window(ts, first, until):
+            chunk.add(entry_of(item, ts))
         if chunk.full:
             yield chunk.take()
+        # a stream queue sends more only as deliveries are acked; an ack fails when the
+        # connection has closed, and the Closed item that follows says why
+        with contextlib.suppress(aiormq_errors.AMQPError, aiormq_errors.ChannelInvalidStateError):
+            await item.ack()
     if chunk.entries:
         yield chunk.take()
 

@@ -328,3 +328,48 @@ def assert_one_or_the_other(entry: LogEntry) -> None:
     raw = entry.raw or ""
     assert raw.isascii() and raw.isprintable(), raw[:80]
     assert len(raw) <= RAW_MAX + 40
+
+
+def test_rabbitmq_frames_the_client_cannot_decode_are_malformed_entries() -> None:
+    """A message_id or header that is not UTF-8 (a raw client's) fails pamqp's decoding
+    of the frame and closes the connection: the read resumes around it, and it is a
+    malformed entry at its offset. pamqp itself refuses to send one: the writer here
+    encodes with surrogateescape."""
+    import aio_pika
+    import pamqp.encode
+
+    def loose(encoder: Any, value: str) -> bytes:
+        data = value.encode("utf-8", "surrogateescape")
+        return bytes(encoder.pack(len(data)) + data)
+
+    async def write(url: str, topic: str) -> None:
+        connection = await aio_pika.connect(url)
+        try:
+            exchange = await (await connection.channel()).get_exchange("amq.topic")
+            for message in (
+                aio_pika.Message(b"a", message_id="good-1"),
+                aio_pika.Message(b"b", message_id="\udcff\udcfe"),
+                aio_pika.Message(b"c", message_id="good-2", headers={"h": "\udcff"}),
+                aio_pika.Message(b"d", message_id="\udcff"),
+                aio_pika.Message(b"e", message_id="good-3"),
+            ):
+                await exchange.publish(message, routing_key=topic)
+        finally:
+            await connection.close()
+
+    with broker_under_test("rabbitmq") as bt:
+        topic = f"{bt.prefix}.raw"
+        strict = pamqp.encode._string
+        pamqp.encode._string = loose  # type: ignore[assignment]
+        try:
+            asyncio.run(write(str(bt.url), topic))
+        finally:
+            pamqp.encode._string = strict
+        found = bt.read()
+    assert [(e.msg_id, e.seq) for e in found] == [
+        ("good-1", "0"), (None, "1"), ("good-2", "2"), (None, "3"), ("good-3", "4")
+    ]  # fmt: skip
+    assert [e.malformed is None for e in found] == [True, False, False, False, True]
+    assert "cannot decode" in (found[1].malformed or "")
+    for entry in found:
+        assert_one_or_the_other(entry)
