@@ -12,10 +12,11 @@ day of ``created_at``), so that the job reads only its window's days.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from itertools import groupby
@@ -44,6 +45,7 @@ from relay.halfop.protocol import (
     UNIQ_KEY,
 )
 from spark_jobs.schema import BROKER, HALFOP_LOG, LEDGER, RECORDS
+from spark_jobs.topics import SOURCES_KEY, matches, patterns_regex
 
 CHUNK = 50_000
 INT64_MAX = 2**63 - 1  # the widest Outbox-Seq a Parquet int64 holds (BIGINT's own bound)
@@ -62,14 +64,30 @@ def export_ledger(
     until: datetime | None = None,
     added: Added = nothing,
     by_day: bool = False,
+    topics: Sequence[str] = (),
 ) -> int:
     """Write outbox_message rows to ``out``: a .parquet file of the rows created in
     [since, until) and of those due in it (scheduled earlier: the night's reconciliation
     must find them), or with ``by_day`` a folder of ``day=YYYY-MM-DD/`` partitions of
-    the rows created in it (a row due in it lives in its own day's folder)."""
+    the rows created in it (a row due in it lives in its own day's folder). ``topics``:
+    patterns (spark_jobs.topics) a row's topic must match, when given."""
     columns = [t.c[name] for name in LEDGER.names]
-    query = select(*columns).where(ledger_rows(since, until, by_day)).order_by(t.c.id)
-    return export_rows(db, query, out, LEDGER, added, by_day)
+    rows = and_(ledger_rows(since, until, by_day), topic_like(topics))
+    query = select(*columns).where(rows).order_by(t.c.id)
+    return export_rows(db, query, out, LEDGER, added, by_day, topics)
+
+
+def topic_like(topics: Sequence[str]) -> Any:
+    """A SQL condition every topic matching one of ``topics`` meets (LIKE, wildcards as
+    ``%``: a few more may meet it; export_rows keeps only the matching ones)."""
+    if not topics:
+        return true()
+    likes = []
+    for pattern in topics:
+        escaped = pattern.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        tokens = ["%" if token in ("*", ">") else token for token in escaped.split(".")]
+        likes.append(t.c.topic.like(".".join(tokens), escape="\\"))
+    return or_(*likes)
 
 
 def ledger_count(
@@ -77,9 +95,12 @@ def ledger_count(
     since: datetime | None = None,
     until: datetime | None = None,
     by_day: bool = False,
+    topics: Sequence[str] = (),
 ) -> int:
-    """How many rows ``export_ledger`` will write (the progress bar's total)."""
-    query = select(func.count()).select_from(t).where(ledger_rows(since, until, by_day))
+    """How many rows ``export_ledger`` will write (the progress bar's total; with
+    ``topics`` a few more may be counted, see ``topic_like``)."""
+    rows = and_(ledger_rows(since, until, by_day), topic_like(topics))
+    query = select(func.count()).select_from(t).where(rows)
     with engine_from(db).connect() as conn:
         return int(conn.execute(query).scalar_one())
 
@@ -122,8 +143,11 @@ def export_rows(
     schema: pa.Schema,
     added: Added = nothing,
     by_day: bool = False,
+    topics: Sequence[str] = (),
 ) -> int:
-    """Stream a query's rows (columns in the schema's order) to Parquet via a server-side cursor."""
+    """Stream a query's rows (columns in the schema's order) to Parquet via a server-side
+    cursor; with ``topics``, only the rows whose topic matches one of them."""
+    wanted = patterns_regex(topics) if topics else None
     written = 0
     target = parquet_days(out) if by_day else parquet_file(out, schema)
     with target as writer, engine_from(db).connect() as conn:
@@ -134,8 +158,11 @@ def export_rows(
                 name: [cell(v) for v in column]
                 for name, column in zip(schema.names, columns, strict=True)
             }
-            writer.write_table(pa.table(batch, schema=schema))
-            written += len(rows)
+            table = pa.table(batch, schema=schema)
+            if wanted is not None:
+                table = table.filter(pc.match_substring_regex(table["topic"], wanted))
+            writer.write_table(table)
+            written += table.num_rows
             added(len(rows))
     return written
 
@@ -306,21 +333,55 @@ def export_broker(
     until: datetime | None = None,
     added: Added = nothing,
     malformed: Added = nothing,
+    topics: Sequence[str] = (),
+    captures: Mapping[str, Sequence[str]] | None = None,
 ) -> int:
     """Write what a broker's log holds (stored in [since, until)) to ``out``, for every
     broker alike: ``reader`` is its adapter (``relay.brokers.reader_for(url)``) or a test
-    double, ``sources`` where the log is (see ``outbox.broker.LogReader``).
+    double, ``sources`` where the log is (see ``outbox.broker.LogReader``), read one by
+    one so that each row's ``stream`` column names its source. ``topics``: patterns
+    (spark_jobs.topics) an entry's topic must match, when given.
+
+    ``captures`` ({source: subjects it captures}, ``log_sources``) goes into the file's
+    metadata: the reconciliation tells a topic no source captures (not audited) from a
+    lost message by it.
 
     An entry the relay cannot have written (a stranger's) is a row too, its ``malformed``
     column saying why and ``raw`` holding its fields, escaped; ``malformed`` is told how
     many each chunk held. The reconciliation reports them; they never stop the export."""
+    wanted = re.compile(patterns_regex(topics)) if topics else None
 
     async def rows() -> AsyncIterator[list[LogRow]]:
-        async for entries in reader.read_log(sources, since, until):
-            malformed(sum(1 for entry in entries if entry.malformed is not None))
-            yield [log_row(entry) for entry in entries]
+        default = [None] if captures is None else []  # None: the reader's (the URL's)
+        for source in list(sources) or default:
+            async for chunk in reader.read_log([source] if source else [], since, until):
+                entries = [e for e in chunk if wanted is None or wanted.match(e.topic or "")]
+                malformed(sum(1 for entry in entries if entry.malformed is not None))
+                if entries:
+                    yield [{**log_row(entry), "stream": source} for entry in entries]
 
-    return write_async_chunks(rows(), out, BROKER, added)
+    schema = BROKER
+    if captures is not None:
+        sides = {name: list(subjects) for name, subjects in captures.items()}
+        schema = BROKER.with_metadata({SOURCES_KEY: json.dumps(sides).encode()})
+    return write_async_chunks(rows(), out, schema, added)
+
+
+def log_sources(
+    reader: LogReader, names: Sequence[str] = (), topics: Sequence[str] = ()
+) -> dict[str, list[str]]:
+    """Where an export reads the log: {source: subjects it captures}, the ``names`` given
+    or by default every source at the broker (``log_sources`` of its adapter); with
+    ``topics``, only the sources that may hold one of them (Redis: the topics matching;
+    NATS and RabbitMQ: all, their entries filtered as they are read)."""
+    listing = getattr(reader, "log_sources", None)
+    if listing is None:  # a test double: its sources are what it was given
+        return {name: [">"] for name in names}
+    found: dict[str, list[str]] = asyncio.run(listing(names))
+    if not topics:
+        return found
+    return {name: subjects for name, subjects in found.items()
+            if subjects != [name] or matches(topics, name)}  # fmt: skip
 
 
 def export_halfop_nats(

@@ -18,10 +18,12 @@ LEDGER = pa.schema(
         ("attempts", pa.int32()),
         ("receipt", pa.string()),
         ("deliver_at", TS),  # a scheduled message's due time (database clock); null: none
+        ("key", pa.string()),  # an ordered message's key (any message's, if it has one)
+        ("seq", pa.int64()),  # an ordered message's place in its (topic, key); null: none
     ]
 )
-# Columns a ledger exported before scheduled messages lacks: the job reads them as null.
-LEDGER_OPTIONAL = ("deliver_at",)
+# Columns a ledger exported before them lacks: the job reads them as null.
+LEDGER_OPTIONAL = ("deliver_at", "key", "seq")
 
 # The broker log: one row per message the broker stores (copies included).
 BROKER = pa.schema(
@@ -36,10 +38,11 @@ BROKER = pa.schema(
         # msg_id is what could be salvaged (or null), key and outbox_seq are null.
         ("malformed", pa.string()),
         ("raw", pa.string()),  # a malformed entry's fields, escaped, cut short
+        ("stream", pa.string()),  # where it was read: JetStream stream, topic, queue
     ]
 )
 # Columns an export made before them lacks: the job reads them as null.
-BROKER_OPTIONAL = ("key", "outbox_seq", "malformed", "raw")
+BROKER_OPTIONAL = ("key", "outbox_seq", "malformed", "raw", "stream")
 
 # Model B's business truth: SqlTransactionListener's table (outbox_transaction_record).
 RECORDS = pa.schema(

@@ -262,6 +262,21 @@ class NatsBroker(Broker, LogReader):
         async for _, entries in read_entries(self.url, streams, since, until):
             yield [checked(entry) for entry in entries]  # a stranger's: malformed, kept
 
+    async def log_sources(self, names: Sequence[str] = ()) -> dict[str, list[str]]:
+        """The streams an export reads, each with the subjects it captures: ``names``, or
+        by default every stream at the server (JetStream's own KV and object stores
+        aside). A named stream that does not exist is an OutboxError."""
+        nc = await connect_reader(self.url)
+        try:
+            js = nc.jetstream(timeout=10)
+            if names:
+                return {name: await subjects_of(js, name) for name in dict.fromkeys(names)}
+            found = {info.config.name or "": list(info.config.subjects or [])
+                     for info in await js.streams_info()}  # fmt: skip
+            return {name: found[name] for name in sorted(found) if not own_store(name)}
+        finally:
+            await nc.close()
+
 
 class _Batch:
     """The messages of one ``publish`` call and their outcomes as they come."""
@@ -471,6 +486,18 @@ async def connect_reader(url: str) -> Client:
         )  # fmt: skip
     except nats.errors.NoServersError:
         raise unreachable(url, errors[-1] if errors else "no server answered") from None
+
+
+def own_store(stream: str) -> bool:
+    """JetStream's key-value and object stores: streams of their own, never the relay's."""
+    return stream.startswith(("KV_", "OBJ_"))
+
+
+async def subjects_of(js: JetStreamContext, stream: str) -> list[str]:
+    try:
+        return list((await js.stream_info(stream)).config.subjects or [])
+    except nats.js.errors.NotFoundError:
+        raise OutboxError(f"no stream {stream!r} at the broker; nothing was written") from None
 
 
 def entry_of(msg: Msg, ts: datetime | None) -> LogEntry:

@@ -188,6 +188,14 @@ class RabbitBroker(Broker, LogReader):
         async for entries in read_queue(self.url, queues[0], since, until):
             yield entries
 
+    async def log_sources(self, names: Sequence[str] = ()) -> dict[str, list[str]]:
+        """The stream queue an export reads: ``names`` or the URL's ?audit=. It is bound
+        to the exchange with ``#``: it captures every topic."""
+        queues = list(dict.fromkeys(names)) or ([self.audit_queue] if self.audit_queue else [])
+        if len(queues) != 1:
+            raise ConfigError("broker: name one audit stream queue to read (--queue)")
+        return {queues[0]: [">"]}
+
 
 # A frame the client cannot decode (pamqp fails the whole connection on a message_id or
 # header that is not UTF-8): only a stranger's raw client can have sent it.

@@ -147,6 +147,26 @@ class RedisBroker(Broker, LogReader):
         finally:
             await client.aclose()
 
+    async def log_sources(self, names: Sequence[str] = ()) -> dict[str, list[str]]:
+        """The topics an export reads, each capturing itself (a topic is its own stream):
+        ``names``, or by default every stream key under the URL's prefix."""
+        if names:
+            return {topic: [topic] for topic in dict.fromkeys(names)}
+        client = aioredis.from_url(
+            self.url, socket_timeout=READ_TIMEOUT_S, socket_connect_timeout=self.timeout
+        )
+        try:
+            try:
+                keys = [
+                    key async for key in client.scan_iter(match=f"{self.prefix}*", _type="STREAM")
+                ]
+            except redis.exceptions.RedisError as exc:
+                raise unreachable(self.url, exc) from None
+        finally:
+            await client.aclose()
+        topics = sorted({key.decode("utf-8", "replace")[len(self.prefix) :] for key in keys})
+        return {topic: [topic] for topic in topics}
+
 
 def fields(message: Message) -> dict[str | bytes, str | bytes]:
     """The entry's fields as bytes, encoded here: a value that cannot be encoded fails its

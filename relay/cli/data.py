@@ -19,9 +19,10 @@ def add_export(commands: Commands) -> None:
         "export",
         help="write the ledger or the broker log to Parquet (for `outbox reconcile`)",
         description="Stream the outbox ledger (any supported DB) or a broker's log to a Parquet "
-        "file in bounded memory. The broker URL's scheme says what to read: nats:// a "
-        "JetStream stream (--stream), redis:// topics' streams (--topic), amqp:// the "
-        "relay's audit stream queue (--queue).",
+        "file in bounded memory. The broker URL's scheme says what to read: nats:// every "
+        "JetStream stream (or --stream), redis:// every topic's stream under the prefix (or "
+        "--stream), amqp:// the relay's audit stream queue (?audit= or --queue). --topic "
+        "narrows either side to the matching topics.",
     )
     exp.add_argument(
         "what",
@@ -33,17 +34,26 @@ def add_export(commands: Commands) -> None:
     exp.add_argument(
         "--broker", default=os.environ.get("OUTBOX_BROKER"), help="broker URL (broker export)"
     )
-    exp.add_argument("--stream", help="JetStream stream to read (nats:// broker export)")
+    exp.add_argument(
+        "--stream",
+        dest="streams",
+        action="append",
+        metavar="STREAM",
+        help="broker export: a source to read, repeatable (default: every one at the broker): "
+        "a JetStream stream (nats://), a topic's stream (redis://)",
+    )
     exp.add_argument(
         "--topic",
         dest="topics",
         action="append",
-        metavar="TOPIC",
-        help="topic whose stream to read, repeatable (redis:// broker export)",
+        metavar="PATTERN",
+        help="only topics matching PATTERN, repeatable, in NATS wildcard syntax (* one "
+        "token, > the rest): ledger and broker exports",
     )
     exp.add_argument(
         "--queue",
-        help="audit stream queue to read, the relay's ?audit=QUEUE (amqp:// broker export)",
+        help="audit stream queue to read, the relay's ?audit=QUEUE (amqp:// broker export; "
+        "default: the URL's ?audit=)",
     )
     exp.add_argument(
         "--since",
@@ -85,10 +95,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out}: {problem}")
     if args.what == "ledger":
         db = required(args.db, "--db", "a ledger export (or set OUTBOX_DB)")
-        total = export.ledger_count(db, args.since, args.until, args.by_day)
+        topics = args.topics or ()
+        total = export.ledger_count(db, args.since, args.until, args.by_day, topics)
         with counting("export ledger", total) as shown:
             count = export.export_ledger(
-                db, args.out, args.since, args.until, shown.add, args.by_day
+                db, args.out, args.since, args.until, shown.add, args.by_day, topics
             )
     elif args.what == "records":
         db = required(args.db, "--db", "a records export (or set OUTBOX_DB)")
@@ -133,26 +144,26 @@ def out_problem(out: str, by_day: bool) -> str | None:
     )
 
 
-# Where each broker family keeps its log, as a flag of `outbox export broker`.
-LOG_SOURCE_FLAGS = {"nats": ("--stream", "stream"), "redis": ("--topic", "topics"),
-                    "rabbitmq": ("--queue", "queue")}  # fmt: skip
-
-
 def export_broker(
     args: argparse.Namespace, added: Callable[[int], None], malformed: Callable[[int], None]
 ) -> int:
-    """The broker's log, through the reader its URL's scheme picks; ``malformed`` is told
-    how many entries of each chunk the relay cannot have written."""
+    """The broker's log, through the reader its URL's scheme picks: the sources named
+    (--stream, --queue) or every one at the broker, entries of the --topic patterns only;
+    ``malformed`` is told how many entries of each chunk the relay cannot have written.
+    What each source captures goes into the Parquet's metadata (see export_broker)."""
     from relay import export
 
     url = required(args.broker, "--broker", "a broker export (or set OUTBOX_BROKER)")
-    flag, dest = LOG_SOURCE_FLAGS[family_of(url)]
-    scheme = url.partition("://")[0]
-    given = required(getattr(args, dest), flag, f"a broker export from {scheme}://")
-    sources = given if isinstance(given, list) else [given]
+    names = [*(args.streams or []), *([args.queue] if args.queue else [])]
+    if args.queue and family_of(url) != "rabbitmq":
+        raise UsageError("--queue: for an amqp:// broker; name streams with --stream")
+    topics = args.topics or ()
+    reader = reader_for(url)
+    captures = export.log_sources(reader, names, topics)
     return export.export_broker(
-        reader_for(url), sources, args.out, args.since, args.until, added, malformed
-    )
+        reader, list(captures), args.out, args.since, args.until, added, malformed, topics,
+        captures,
+    )  # fmt: skip
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:

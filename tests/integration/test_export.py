@@ -186,10 +186,7 @@ def test_rabbitmq_export_names_the_missing_audit_queue(tmp_path: Path) -> None:
 # The command line: a missing flag is one line naming it
 
 
-@pytest.mark.parametrize(
-    ("broker", "flag"),
-    [("redis://127.0.0.1:6379/0", "--topic"), (RABBIT_URL, "--queue")],
-)
+@pytest.mark.parametrize(("broker", "flag"), [(RABBIT_URL, "--queue")])  # others: every stream
 def test_cli_broker_export_names_the_missing_flag(
     broker: str, flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
