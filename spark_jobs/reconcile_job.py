@@ -52,6 +52,7 @@ from spark_jobs.flags import (
     spark_master,
     without_passwords,
 )
+from spark_jobs.topics import read_captures, unaudited_lines
 from spark_jobs.window import Window
 
 if TYPE_CHECKING:
@@ -166,6 +167,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"the results do not depend on it ({LOOKBACK_SECONDS.range}, default 3600)",
     )
     parser.add_argument(
+        "--topic",
+        dest="topics",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="audit only topics matching PATTERN, both sides, repeatable, in NATS wildcard "
+        "syntax (* one token, > the rest); the report names the filter",
+    )
+    parser.add_argument(
         "--master",
         type=spark_master,
         default=None,
@@ -189,6 +199,8 @@ def run(args: argparse.Namespace, prog: str = "reconcile") -> int:
         return EXIT_FAILED
     total = summary["total"]
     print(json.dumps(total, default=str))
+    for line in unaudited_lines(summary):  # not lost: they do not change the exit status
+        print(f"{prog}: warning: {line}", file=sys.stderr)
     return exit_status(total)
 
 
@@ -248,9 +260,11 @@ def run_on_spark(
     try:
         spark = session.started(builder, verbose)
         window = Window(args.start, args.end, args.sla, args.lookback)
+        topics, captures = getattr(args, "topics", []), read_captures(args.broker_log)
         return reconcile(
-            spark, args.ledger, args.broker_log, args.out, window, args.halfop_log, step
-        )
+            spark, args.ledger, args.broker_log, args.out, window, args.halfop_log, step,
+            topics=topics, captures=captures,
+        )  # fmt: skip
     except (Py4JError, PySparkException) as exc:
         master = spark.sparkContext.master if spark is not None else args.master
         raise JobError(spark_error(exc, master), str(exc)) from None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 1000
 KLL_K = 4000
 PERCENTILES = (("latency_p50_ms", 0.5), ("latency_p90_ms", 0.9), ("latency_p99_ms", 0.99))
 KINDS = ("delivered", "pending", "stuck", "scheduled", "lost", "dead", "skipped", "canceled",
-         "phantom", "malformed", "malformed_at_broker")  # fmt: skip
+         "phantom", "malformed", "malformed_at_broker", "unaudited")  # fmt: skip
 # kinds discrepancies/ lists
 FOUND = ("lost", "stuck", "phantom", "dead", "skipped", "malformed", "malformed_at_broker")
 # Kinds of the broker's side alone: no ledger row, not counted as committed.
@@ -338,15 +338,20 @@ def reconcile(
     halfop_path: str | None = None,
     step: Callable[[str], None] = lambda _: None,
     links: list[tuple[str, str]] | None = None,
+    topics: Sequence[str] = (),
+    captures: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """Read the inputs, write summary.json, discrepancies/ (Parquet), discrepancies.csv
     and report.html (``links``: its links to related pages, (label, relative href)).
+    ``topics``: patterns both sides are narrowed to; ``captures``: the subjects of each
+    stream the broker log was read from, for the unaudited topics (spark_jobs.audit).
 
     With ``halfop_path`` the run is for model B: ``ledger_path`` then holds the
     SqlTransactionListener's records, and the half/op log adds model B's counts.
     ``step`` is told each step once done, with its counts (rows read, joined, written).
     """
     from spark_jobs import model_b
+    from spark_jobs.audit import narrowed, with_unaudited
     from spark_jobs.ledger import count_ledger, read_ledger
     from spark_jobs.report import write_report
     from spark_jobs.session import input_bytes, size_shuffles
@@ -354,9 +359,9 @@ def reconcile(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     size_shuffles(spark, input_bytes(spark, sized_inputs(ledger_path, broker_path, halfop_path)))
-    broker = spark.read.parquet(broker_path)
+    broker = narrowed(spark.read.parquet(broker_path), topics)
     if halfop_path is None:
-        ledger = read_ledger(spark, ledger_path, window)
+        ledger = narrowed(read_ledger(spark, ledger_path, window), topics)
         read = f"read {count_ledger(spark, ledger_path, ledger, window)} ledger rows"
     else:
         # read by the ledger and by model B's counts: grouped once
@@ -368,6 +373,7 @@ def reconcile(
     classified = first = classify(ledger, broker, window).cache()
     if halfop_path is None:  # model B reads every record: it has no span
         classified = without_earlier_commits(spark, ledger_path, classified, window)
+    classified = with_unaudited(classified, captures)
     summary = summarise(classified)  # Spark joins here: the long step
     total = summary["total"]
     step(f"joined {total['committed'] + total['phantom']} messages: " + outcome(total))
@@ -378,6 +384,7 @@ def reconcile(
         "start": window.start.isoformat(),
         "end": window.end.isoformat(),
         "sla_s": window.sla_s,
+        **({"topics": list(topics)} if topics else {}),
     }
     written = write_discrepancies(classified, out / "discrepancies")
     listed = first_out_of_order(classified) if summary["total"].get("out_of_order") else []

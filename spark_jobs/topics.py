@@ -9,8 +9,11 @@ anything else matches itself. Plain Python, so that spark_jobs stays importable 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 # Parquet metadata key of a broker log export: JSON {source: [subjects it captures]}.
 SOURCES_KEY = b"outbox.sources"
@@ -48,3 +51,28 @@ def capturing(sources: Mapping[str, Sequence[str]], topic: str) -> list[str]:
 def uncaptured(sources: Mapping[str, Sequence[str]], topics: Iterable[str]) -> list[str]:
     """The topics no source captures, sorted."""
     return sorted({topic for topic in topics if not capturing(sources, topic)})
+
+
+def read_captures(broker_log: str) -> dict[str, list[str]] | None:
+    """{stream: subjects it captures} as the export recorded it, or None (a remote path,
+    a folder, or an export made before it recorded them)."""
+    import pyarrow.parquet as pq
+
+    path = Path(broker_log.removeprefix("file://"))
+    if "://" in broker_log.removeprefix("file://") or not path.is_file():
+        return None
+    metadata = pq.read_schema(path).metadata or {}
+    if SOURCES_KEY not in metadata:
+        return None
+    found: dict[str, list[str]] = json.loads(metadata[SOURCES_KEY])
+    return found
+
+
+def unaudited_lines(summary: Mapping[str, Any]) -> list[str]:
+    """One warning line per topic with unaudited messages."""
+    return [
+        f"topic {topic}: no stream at the broker captures it, {counts['unaudited']} messages "
+        "not audited"
+        for topic, counts in sorted(summary.get("topics", {}).items())
+        if counts.get("unaudited")
+    ]

@@ -25,7 +25,8 @@ EXIT_DEAD = EXIT_DATA  # dead messages: one case of EXIT_DATA
 EXIT_STUCK = 4  # it ran, nothing is lost, but messages are late: stuck past the SLA
 EXIT_PIPE = 141  # 128 + SIGPIPE: stdout closed by its reader (`| head`), as cat and git do
 EXIT_STATUSES = (
-    ("0", "success"),
+    ("0", "success (reconcile: a topic no stream at the broker captures is not audited, a "
+     "warning line each, neither lost nor a status of its own)"),
     ("1", "runtime error: database or broker unreachable, schema not at head, extra missing; "
      "drain left messages failing (run it again later)"),
     ("2", "usage error: a bad or missing flag or value (a number outside the range its "
