@@ -1,5 +1,8 @@
 """The nightly reconciliation job: export the last day, reconcile it, keep the report.
 
+It needs only the database, the broker and a folder: the broker side is every stream
+at the broker (every topic's stream for Redis, the ?audit= queue for RabbitMQ).
+
 `--once` runs it now and exits with its status; otherwise APScheduler runs it every
 night at the given time (cron trigger) until interrupted.
 """
@@ -18,8 +21,10 @@ from relay.brokers import reader_for
 from spark_jobs import reconcile_job
 
 
-def run_once(db: str, broker: str, stream: str, out: Path, end: datetime | None = None) -> int:
-    """Reconcile the 24 hours before ``end`` (default: now); returns the job's exit status."""
+def run_once(db: str, broker: str, out: Path, end: datetime | None = None) -> int:
+    """Reconcile the 24 hours before ``end`` (default: now) against every stream at the
+    broker; returns the job's exit status. A topic no stream captures is reported as not
+    audited (a warning line), never as lost."""
     end = end or datetime.now(UTC)
     start = end - timedelta(days=1)
     folder = out / end.strftime("%Y-%m-%dT%H%M%S")
@@ -27,7 +32,10 @@ def run_once(db: str, broker: str, stream: str, out: Path, end: datetime | None 
     # The ledger reaches back further than the window: a message committed just before
     # it may be delivered inside it, and must not count as a phantom.
     export.export_ledger(db, folder / "ledger.parquet", since=start - timedelta(hours=1))
-    export.export_broker(reader_for(broker), [stream], folder / "broker.parquet", since=start)
+    reader = reader_for(broker)
+    streams = export.log_sources(reader)  # every stream, with the subjects it captures
+    export.export_broker(reader, list(streams), folder / "broker.parquet", since=start,
+                         captures=streams)  # fmt: skip
     return reconcile_job.main(
         ["--ledger", str(folder / "ledger.parquet"), "--broker-log", str(folder / "broker.parquet"),
          "--out", str(folder / "report"), "--start", start.isoformat(), "--end", end.isoformat(),
@@ -38,7 +46,6 @@ def run_once(db: str, broker: str, stream: str, out: Path, end: datetime | None 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     add_db_and_broker(parser)
-    parser.add_argument("--stream", required=True, help="the JetStream stream of the real topics")
     parser.add_argument(
         "--out", type=Path, required=True, help="folder that keeps every night's report"
     )
@@ -48,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.once:
-        return run_once(args.db, args.broker, args.stream, args.out)
+        return run_once(args.db, args.broker, args.out)
     from apscheduler.schedulers.blocking import BlockingScheduler
 
     hour, minute = (int(part) for part in args.at.split(":"))
@@ -58,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         "cron",
         hour=hour,
         minute=minute,
-        args=[args.db, args.broker, args.stream, args.out],
+        args=[args.db, args.broker, args.out],
     )
     with contextlib.suppress(KeyboardInterrupt, SystemExit):
         scheduler.start()
