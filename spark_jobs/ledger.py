@@ -32,7 +32,7 @@ ROWS_PER_PARTITION = 1_000_000
 # the executor's memory (Spark's dialect turns autocommit off, so a cursor is used).
 FETCH_SIZE = "10000"
 LEDGER_COLUMNS = ("id", "msg_id", "topic", "status", "created_at", "sent_at", "attempts", "receipt",
-                  "deliver_at")  # fmt: skip
+                  "deliver_at", "key", "seq")  # fmt: skip
 
 
 def jdbc_url(sqlalchemy_url: str) -> tuple[str, dict[str, str]]:

@@ -78,8 +78,11 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
         .when(F.col("status") == "pending", F.lit("stuck"))  # the sweeper's to deliver
         .otherwise(F.lit("lost"))
     )
+    ledger_order = (F.col("key").alias("ledger_key"), F.col("seq").alias("ledger_seq"))
     judged = (
-        valid.select("msg_id", "topic", "status", "created_at", "deliver_at", "attempts")
+        valid.select(
+            "msg_id", "topic", "status", "created_at", "deliver_at", "attempts", *ledger_order
+        )
         .join(copies, "msg_id", "full_outer")
         .where((in_ledger & in_window) | phantom)
         .select(
@@ -91,14 +94,15 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
             .alias("copies"),
             latency_ms(F.col("first_ts"), due_at()).alias("latency_ms"),
             F.when(in_ledger, F.col("status")).otherwise(F.lit("no ledger row")).alias("details"),
-            F.col("first.key").alias("key"),
-            F.col("first.seq").alias("seq"),
+            F.coalesce(F.col("first.key"), F.col("ledger_key")).alias("key"),
+            F.coalesce(F.col("first.seq"), F.col("ledger_seq")).alias("seq"),
             "after_seq",
             "created_at",
-            "attempts",
+            publish_attempts().alias("attempts"),
             F.col("first_ts").alias("first_at_broker"),
         )
     )
+    judged = with_held_by(judged, dead_heads(valid))
     unusable = F.col("msg_id").isNull() | (F.length("msg_id") == 0)
     malformed = ledger.where(unusable & in_window).select(
         "msg_id", "topic", F.lit(0).alias("copies"), "id", "created_at", "attempts"
@@ -106,7 +110,40 @@ def classify(ledger: DataFrame, broker: DataFrame, window: Window) -> DataFrame:
     malformed = labelled(
         malformed, "malformed", F.concat(F.lit("ledger id "), F.col("id").cast("string"))
     )
-    return judged.unionByName(malformed).unionByName(malformed_entries(strangers, window))
+    strangers = malformed_entries(strangers, window)
+    return judged.unionByName(malformed, allowMissingColumns=True).unionByName(
+        strangers, allowMissingColumns=True
+    )
+
+
+def publish_attempts() -> Column:
+    """The publishes of a ledger row: the table's ``attempts`` counts the failed ones the
+    relay recorded (the sweeper's; the fast path's retries in memory leave no trace), so a
+    row marked sent had one more, the one the broker acked."""
+    return F.col("attempts") + F.when(F.col("status") == "sent", 1).otherwise(0)
+
+
+def dead_heads(ledger: DataFrame) -> DataFrame:
+    """Per ordered (topic, key) with a dead row: its first dead row, ``head`` (seq,
+    msg_id). The relay publishes a key's rows in seq order, so its pending rows after
+    that one wait for an operator (`outbox requeue` or `outbox skip`)."""
+    dead = F.col("seq").isNotNull() & (F.col("status") == "dead")
+    return (
+        ledger.where(dead)
+        .groupBy("topic", "key")
+        .agg(F.min(F.struct("seq", "msg_id")).alias("head"))
+    )
+
+
+def with_held_by(judged: DataFrame, heads: DataFrame) -> DataFrame:
+    """``judged`` with ``held_by``: for a row still pending in the table (pending or stuck)
+    behind its key's dead head, that head as "<msg_id> (<topic>/<key> seq <seq>)"; else null.
+    Such a row is blocked: counted as such besides its kind."""
+    waiting = F.col("kind").isin("pending", "stuck") & (F.col("details") == "pending")
+    behind = waiting & (F.col("seq") > F.col("head.seq"))
+    head = F.format_string("%s (%s/%s seq %d)", "head.msg_id", "topic", "key", "head.seq")
+    joined = judged.join(F.broadcast(heads), ["topic", "key"], "left")
+    return joined.withColumn("held_by", F.when(behind, head)).drop("head")
 
 
 def with_broker_columns(broker: DataFrame) -> DataFrame:
@@ -198,11 +235,15 @@ def without_earlier_commits(
 def with_ledger_columns(ledger: DataFrame) -> DataFrame:
     """The ledger with ``deliver_at``: null where the export had none (older exports,
     model B's records): every message then is due at its commit. And ``attempts``, null
-    where there are none (model B's records)."""
+    where there are none (model B's records), and an ordered message's ``key`` and ``seq``,
+    null where the export had none."""
     if "deliver_at" not in ledger.columns:
         ledger = ledger.withColumn("deliver_at", F.lit(None).cast("timestamp"))
     if "attempts" not in ledger.columns:
         ledger = ledger.withColumn("attempts", F.lit(None).cast("int"))
+    for name, kind in (("key", "string"), ("seq", "bigint")):  # exported before them
+        if name not in ledger.columns:
+            ledger = ledger.withColumn(name, F.lit(None).cast(kind))
     return ledger
 
 
@@ -246,7 +287,8 @@ def summarise(classified: DataFrame) -> dict[str, Any]:
     the latencies (DataSketches, built into Spark); the totals then come from the few
     topic rows, the sketches merged. ``out_of_order`` counts the messages whose first
     delivery came after a later one of their key; they are counted among delivered (or
-    phantom) too.
+    phantom) too. ``blocked`` counts the pending and stuck ones held by a dead row of
+    their key (``held_by``).
     """
     delivered = F.col("kind") == "delivered"
     counts = [F.sum(F.when(F.col("kind") == k, 1).otherwise(0)).alias(k) for k in KINDS]
@@ -254,6 +296,7 @@ def summarise(classified: DataFrame) -> dict[str, Any]:
         F.sum(F.when(~F.col("kind").isin(*BROKER_ONLY), 1).otherwise(0)).alias("committed"),
         F.sum(F.when(F.col("copies") > 1, F.col("copies") - 1).otherwise(0)).alias("duplicated"),
         F.sum(F.when(F.col("after_seq").isNotNull(), 1).otherwise(0)).alias("out_of_order"),
+        F.sum(F.when(F.col("held_by").isNotNull(), 1).otherwise(0)).alias("blocked"),
     ]
     per_topic = (
         classified.withColumn("topic", F.coalesce("topic", F.lit("?")))
@@ -306,7 +349,7 @@ def summary_row(data: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, i
 
 def empty_total() -> dict[str, Any]:
     """The totals of a window without a message, keys in the order summarise gives them."""
-    counts = dict.fromkeys([*KINDS, "committed", "duplicated", "out_of_order"], 0)
+    counts = dict.fromkeys([*KINDS, "committed", "duplicated", "out_of_order", "blocked"], 0)
     latencies = ("latency_max_ms", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms")
     return {**counts, **dict.fromkeys(latencies)}
 
@@ -408,9 +451,14 @@ def sized_inputs(ledger_path: str, broker_path: str, halfop_path: str | None) ->
 
 
 def outcome(total: dict[str, Any]) -> str:
-    """The counts a reader looks for first, in a step line."""
+    """The counts a reader looks for first, in a step line; dead ones (and the pending
+    ones they block) and malformed entries at the broker when there are any."""
     names = ("delivered", "pending", "stuck", "lost", "phantom")
     said = ", ".join(f"{total.get(name) or 0} {name}" for name in names)
+    if dead := total.get("dead"):
+        said += f", {dead} dead"
+    if blocked := total.get("blocked"):
+        said += f" ({blocked} pending behind a dead one of their key)"
     strangers = total.get("malformed_at_broker") or 0
     return said + (f", {strangers} malformed at the broker" if strangers else "")
 
@@ -419,17 +467,24 @@ def write_discrepancies(classified: DataFrame, path: Path) -> int:
     """One row per finding (FINDING_COLUMNS: what is known of the message: its ledger
     row's commit time, status and attempts, its copies at the broker and the first
     one's time, its key and seq) for every message that is not a clean delivery: lost,
-    stuck, phantom, dead, skipped, malformed or duplicated, and out of order besides (then
-    a row more); returns how many."""
+    stuck, phantom, dead, skipped, malformed or duplicated, and out of order or blocked
+    besides (then a row more each: a blocked row's details name its dead head); returns
+    how many."""
     kind = F.when(F.col("kind").isin(*FOUND), F.col("kind")).when(
         F.col("copies") > 1, F.lit("duplicated")
     )
     late = F.when(F.col("after_seq").isNotNull(), F.lit("out_of_order"))
+    blocked = F.when(F.col("held_by").isNotNull(), F.lit("blocked"))
     found = classified.withColumn(
-        "kind", F.explode(F.filter(F.array(kind, late), lambda k: k.isNotNull()))
+        "kind", F.explode(F.filter(F.array(kind, late, blocked), lambda k: k.isNotNull()))
     )
     came_after = F.format_string("seq %d after %d", F.col("seq"), F.col("after_seq"))
-    details = F.when(F.col("kind") == "out_of_order", came_after).otherwise(F.col("details"))
+    held = F.concat(F.lit("behind dead "), F.col("held_by"))
+    details = (
+        F.when(F.col("kind") == "out_of_order", came_after)
+        .when(F.col("kind") == "blocked", held)
+        .otherwise(F.col("details"))
+    )
     columns = [details.alias("details") if c == "details" else c for c in FINDING_COLUMNS]
     found.select(*columns).write.mode("overwrite").parquet(str(path))
     return classified.sparkSession.read.parquet(str(path)).count()  # Parquet's footers: cheap

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jinja2 import BaseLoader, ChoiceLoader, Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 # report.html's table of counts per topic, under grouped headers.
 COUNT_GROUPS = (
-    ("messages", ("committed", "delivered", "pending", "stuck", "scheduled")),
+    ("messages", ("committed", "delivered", "pending", "stuck", "blocked", "scheduled")),
     (
         "discrepancies",
         ("lost", "phantom", "out_of_order", "duplicated", "malformed", "malformed_at_broker"),
@@ -32,7 +33,8 @@ MODEL_B_COLUMNS = ("halfs", "half_writes", "ops", "checks", "unresolved", "disca
 # Column headers a reader understands, in place of summary.json's keys.
 HEADERS = {
     "committed": "committed", "delivered": "delivered", "pending": "pending (within SLA)",
-    "stuck": "stuck (pending past SLA)", "scheduled": "scheduled (due later)", "lost": "lost",
+    "stuck": "stuck (pending past SLA)", "blocked": "blocked (of those, behind a dead row)",
+    "scheduled": "scheduled (due later)", "lost": "lost",
     "dead": "dead-lettered", "skipped": "skipped", "canceled": "canceled",
     "duplicated": "extra copies", "phantom": "phantom", "out_of_order": "out of order",
     "malformed": "malformed rows", "malformed_at_broker": "malformed at the broker",
@@ -42,8 +44,8 @@ HEADERS = {
     "unresolved": "unresolved", "discarded": "discarded",
 }  # fmt: skip
 KINDS = (
-    "delivered", "pending", "stuck", "scheduled", "lost", "dead", "skipped", "canceled",
-    "duplicated", "phantom", "out_of_order", "malformed", "malformed_at_broker",
+    "delivered", "pending", "stuck", "blocked", "scheduled", "lost", "dead", "skipped",
+    "canceled", "duplicated", "phantom", "out_of_order", "malformed", "malformed_at_broker",
 )  # fmt: skip
 # What makes a run fail (exit status 3, verdict DISCREPANCIES): data lost, invented or
 # reordered, or entries at the broker the relay cannot have written (a stranger's).
@@ -55,13 +57,24 @@ ALARMS = ("lost", "phantom", "out_of_order", "malformed_at_broker")
 LATE = ("stuck",)
 LATE_COLUMNS = ("topic", "key", "msg_id", "seq", "after_seq")
 # The findings report.html lists by msg_id (the first few of each; discrepancies.csv
-# has them all), and the columns it shows of each.
-LISTED_KINDS = ("lost", "phantom", "malformed_at_broker", "duplicated", "stuck")
+# has them all), and the columns it shows of each. Publish attempts: the failed ones the
+# table recorded, plus the acked one for a row marked sent (reconciliation.publish_attempts).
+LISTED_KINDS = ("lost", "phantom", "malformed_at_broker", "duplicated", "stuck", "blocked", "dead")
 FINDING_COLUMNS = (
     ("msg_id", "msg_id"), ("topic", "topic"), ("created_at", "committed at"),
     ("details", "status in the ledger"), ("attempts", "publish attempts"),
     ("copies", "copies at the broker"), ("first_at_broker", "first at the broker"),
 )  # fmt: skip
+# A blocked row: what holds it (its details: "behind dead <msg_id> (<topic>/<key> seq <n>)").
+BLOCKED_COLUMNS = (
+    ("msg_id", "msg_id"), ("topic", "topic"), ("key", "key"), ("seq", "seq"),
+    ("created_at", "committed at"), ("details", "held by"),
+)  # fmt: skip
+DEAD_COLUMNS = (
+    ("msg_id", "msg_id"), ("topic", "topic"), ("key", "key"), ("seq", "seq"),
+    ("created_at", "committed at"), ("attempts", "publish attempts"),
+)  # fmt: skip
+KIND_COLUMNS = {"blocked": BLOCKED_COLUMNS, "dead": DEAD_COLUMNS}
 # Log axes start at 10**-0.5: a count of 1 is a bar of its own, not a sliver.
 LOG_BOTTOM = -0.5
 COLOURS = {"ok": "#1a7f37", "alarm": "#c62828", "late": "#b26a00", "bar": "#3b6ea8"}
@@ -89,6 +102,15 @@ def fmt(value: Any) -> str:
     return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
+def topic_cell(name: Any) -> Markup:
+    """A topic for a table cell: each dot-separated part unbreakable, a line break allowed
+    only after a dot (a long "shop.orders.created" never wraps mid-word)."""
+    if name is None:
+        return Markup("-")
+    parts = [Markup('<span class="part">%s</span>') % part for part in str(name).split(".")]
+    return Markup('<span class="topic">%s</span>') % Markup(".<wbr>").join(parts)
+
+
 def environment(*loaders: BaseLoader) -> Environment:
     """The templates of spark_jobs (and of ``loaders`` first), HTML autoescaped."""
     env = Environment(
@@ -98,6 +120,7 @@ def environment(*loaders: BaseLoader) -> Environment:
         lstrip_blocks=True,
     )
     env.filters["fmt"] = fmt
+    env.filters["topic"] = topic_cell
     env.globals.update(headers=HEADERS, colours=COLOURS)
     return env
 
@@ -249,10 +272,14 @@ def write_report(
             latency_columns=LATENCY_COLUMNS,
             model_b_columns=MODEL_B_COLUMNS if model_b else (),
             findings=[
-                (kind, (findings or {}).get(kind, []), int(total.get(kind) or 0))
+                (
+                    kind,
+                    (findings or {}).get(kind, []),
+                    int(total.get(kind) or 0),
+                    KIND_COLUMNS.get(kind, FINDING_COLUMNS),
+                )
                 for kind in LISTED_KINDS
             ],
-            finding_columns=FINDING_COLUMNS,
             out_of_order=out_of_order or [],
             late_columns=LATE_COLUMNS,
             csv=CSV if (path.parent / CSV).exists() else None,

@@ -82,6 +82,8 @@ def night_of(tmp_path: Path, rows: list[tuple[str, str, str, bool]]) -> tuple[st
             "attempts": [0] * len(rows),
             "receipt": [None] * len(rows),
             "deliver_at": [None] * len(rows),
+            "key": [None] * len(rows),
+            "seq": [None] * len(rows),
         },
         schema=schema.LEDGER,
     )
@@ -96,6 +98,7 @@ def night_of(tmp_path: Path, rows: list[tuple[str, str, str, bool]]) -> tuple[st
             "outbox_seq": [None] * len(delivered),
             "malformed": [None] * len(delivered),
             "raw": [None] * len(delivered),
+            "stream": [None] * len(delivered),
         },
         schema=schema.BROKER,
     )
