@@ -249,7 +249,8 @@ def run_on_spark(
     from spark_jobs.reconciliation import reconcile
 
     verbose = args.verbose
-    builder = session.builder("outbox-reconcile", args.master, verbose)
+    small = session.small_input(args.master, [args.ledger, args.broker_log, args.halfop_log])
+    builder = session.builder("outbox-reconcile", args.master, verbose, small)
     if is_postgres(args.ledger):
         try:
             builder = with_jdbc_jar(builder)

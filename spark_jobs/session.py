@@ -10,12 +10,17 @@ and the job turns Spark's logging off once its session exists.
 Sized: a small night must not pay for 200 shuffle partitions. Adaptive execution
 coalesces small partitions (also inside the cached classification), and the number to
 start from follows the inputs' bytes (``shuffle_partitions``), unless the
-configuration already sets ``spark.sql.shuffle.partitions``.
+configuration already sets ``spark.sql.shuffle.partitions``. A small input on a local
+master (``small_input``: a few thousand rows, a small night) starts a JVM that compiles
+less and plans plainer (``SMALL_INPUT``): most of its seconds are start-up and planning,
+not data, and a large input never takes that path.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -35,23 +40,71 @@ ADAPTIVE = {
 }
 
 
+# Local inputs up to this many bytes run as a small input: a ledger and broker log of about
+# 60 bytes a message, so some 70,000 messages.
+SMALL_INPUT_BYTES = 4 * 1024 * 1024
+# The JVM of a small input: C1 only (the C2 compiler's work never pays back in seconds),
+# the class data archive of the JDK, one GC thread for a small heap.
+SMALL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -Xshare:auto -XX:+UseSerialGC"
+SMALL_INPUT = {
+    "spark.ui.enabled": "false",  # no web UI to start for a run of seconds
+    # Rows are few: compiling each stage's code costs more than interpreting it, and
+    # adaptive execution's extra jobs per shuffle more than it saves.
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.adaptive.enabled": "false",
+    SHUFFLE_PARTITIONS: "1",  # one task per shuffle stage, not one per core
+}
+
+
+def small_input(master: str | None, paths: Sequence[str | None]) -> bool:
+    """Whether a run is small: on a local master this process starts (not spark-submit's
+    JVM, nor a cluster) and over local inputs of at most ``SMALL_INPUT_BYTES`` in all.
+    Remote inputs (hdfs://, a postgresql:// ledger) count as large: their size is unknown."""
+    if master is None:
+        if "PYSPARK_GATEWAY_PORT" in os.environ:  # under spark-submit: its JVM, its master
+            return False
+    elif not master.startswith("local"):
+        return False
+    total = 0
+    for path in paths:
+        if path is None:
+            continue
+        if "://" in path.removeprefix("file://"):
+            return False
+        total += local_bytes(Path(path.removeprefix("file://")))
+    return total <= SMALL_INPUT_BYTES
+
+
+def local_bytes(path: Path) -> int:
+    """The bytes of a file, or of every file under a folder (0 when missing: the job
+    names a missing input itself)."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
 def log_options() -> str:
     """The driver's Java options that make Spark log nothing (our log4j2 configuration)."""
     return f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}"
 
 
-def builder(app: str, master: str | None, verbose: bool = False) -> SparkSession.Builder:
-    """A session builder for a job: UTC, adaptive shuffles, and quiet unless ``verbose``."""
+def builder(
+    app: str, master: str | None, verbose: bool = False, small: bool = False
+) -> SparkSession.Builder:
+    """A session builder for a job: UTC, adaptive shuffles, and quiet unless ``verbose``;
+    ``small`` (see ``small_input``): a JVM and plans for a small input."""
     made = SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC")
     if master:  # spark-submit's --master otherwise, or local[*] when run alone
         made = made.master(master)
-    for key, value in ADAPTIVE.items():
+    for key, value in {**ADAPTIVE, **(SMALL_INPUT if small else {})}.items():
         made = made.config(key, value)
-    if verbose:
-        return made
-    made = made.config("spark.ui.showConsoleProgress", "false")
-    if LOG_CONFIG.is_file():  # not when the package runs from a zip (--py-files)
-        made = made.config("spark.driver.extraJavaOptions", log_options())
+    java = [SMALL_JAVA_OPTIONS] if small else []
+    if not verbose:
+        made = made.config("spark.ui.showConsoleProgress", "false")
+        if LOG_CONFIG.is_file():  # not when the package runs from a zip (--py-files)
+            java.append(log_options())
+    if java:
+        made = made.config("spark.driver.extraJavaOptions", " ".join(java))
     return made
 
 
