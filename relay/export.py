@@ -16,9 +16,9 @@ import json
 import re
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ from relay.halfop.protocol import (
     UNIQ_KEY,
 )
 from spark_jobs.schema import BROKER, HALFOP_LOG, LEDGER, RECORDS
-from spark_jobs.topics import SOURCES_KEY, matches, patterns_regex
+from spark_jobs.topics import SOURCES_KEY, capturing, matches, patterns_regex
 
 CHUNK = 50_000
 INT64_MAX = 2**63 - 1  # the widest Outbox-Seq a Parquet int64 holds (BIGINT's own bound)
@@ -88,6 +88,35 @@ def topic_like(topics: Sequence[str]) -> Any:
         tokens = ["%" if token in ("*", ">") else token for token in escaped.split(".")]
         likes.append(t.c.topic.like(".".join(tokens), escape="\\"))
     return or_(*likes)
+
+
+# How far before a night's window its ledger reaches: a message committed just before the
+# window may be delivered inside it, and must not count as a phantom.
+LEDGER_LEAD = timedelta(hours=1)
+
+
+def ledger_topics(
+    db: str | Engine, since: datetime | None = None, until: datetime | None = None
+) -> set[str]:
+    """The topics of the rows ``export_ledger`` writes for [since, until): what a broker
+    export must cover (``holding``)."""
+    query = select(t.c.topic).where(ledger_rows(since, until, False)).distinct()
+    engine = engine_from(db)
+    try:
+        with engine.connect() as conn:
+            return {str(topic) for topic in conn.execute(query).scalars()}
+    finally:
+        if engine is not db:
+            engine.dispose()
+
+
+def holding(captures: Mapping[str, Sequence[str]], topics: Iterable[str]) -> dict[str, list[str]]:
+    """The sources of ``captures`` that capture at least one of ``topics``: a broker's
+    other streams (another app's, model B's) are not this ledger's, and their entries
+    would read as phantoms."""
+    wanted = set(topics)
+    return {name: list(subjects) for name, subjects in captures.items()
+            if any(capturing({name: subjects}, topic) for topic in wanted)}  # fmt: skip
 
 
 def ledger_count(

@@ -1,7 +1,8 @@
 """The nightly reconciliation job: export the last day, reconcile it, keep the report.
 
 It needs only the database, the broker and a folder: the broker side is every stream
-at the broker (every topic's stream for Redis, the ?audit= queue for RabbitMQ).
+at the broker that captures a topic of the night's ledger (every such topic's stream for
+Redis, the ?audit= queue for RabbitMQ); another app's streams are left alone.
 
 `--once` runs it now and exits with its status; otherwise APScheduler runs it every
 night at the given time (cron trigger) until interrupted.
@@ -29,11 +30,11 @@ def run_once(db: str, broker: str, out: Path, end: datetime | None = None) -> in
     start = end - timedelta(days=1)
     folder = out / end.strftime("%Y-%m-%dT%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
-    # The ledger reaches back further than the window: a message committed just before
-    # it may be delivered inside it, and must not count as a phantom.
-    export.export_ledger(db, folder / "ledger.parquet", since=start - timedelta(hours=1))
+    since = start - export.LEDGER_LEAD  # a message committed just before the window counts
+    export.export_ledger(db, folder / "ledger.parquet", since=since)
     reader = reader_for(broker)
-    streams = export.log_sources(reader)  # every stream, with the subjects it captures
+    # every stream that captures a topic of the ledger's, with the subjects it captures
+    streams = export.holding(export.log_sources(reader), export.ledger_topics(db, since))
     export.export_broker(reader, list(streams), folder / "broker.parquet", since=start,
                          captures=streams)  # fmt: skip
     return reconcile_job.main(

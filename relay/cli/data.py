@@ -30,7 +30,8 @@ def add_export(commands: Commands) -> None:
         help="ledger: outbox_message; broker: the broker's log; model B: records (the "
         "listener's table) and halfop (the half, op and discarded streams, nats:// only)",
     )
-    add_db_flag(exp, required=False)  # only ledger and records read the database
+    # ledger and records read the database; a broker export, the ledger's topics
+    add_db_flag(exp, required=False)
     exp.add_argument(
         "--broker", default=os.environ.get("OUTBOX_BROKER"), help="broker URL (broker export)"
     )
@@ -39,8 +40,9 @@ def add_export(commands: Commands) -> None:
         dest="streams",
         action="append",
         metavar="STREAM",
-        help="broker export: a source to read, repeatable (default: every one at the broker): "
-        "a JetStream stream (nats://), a topic's stream (redis://)",
+        help="broker export: a source to read, repeatable (default: every one at the broker "
+        "or, with --db, every one that captures a topic of the window's ledger): a JetStream "
+        "stream (nats://), a topic's stream (redis://)",
     )
     exp.add_argument(
         "--topic",
@@ -160,6 +162,9 @@ def export_broker(
     topics = args.topics or ()
     reader = reader_for(url)
     captures = export.log_sources(reader, names, topics)
+    if not names and args.db:  # every source that holds a topic of the window's ledger
+        since = None if args.since is None else args.since - export.LEDGER_LEAD
+        captures = export.holding(captures, export.ledger_topics(args.db, since, args.until))
     return export.export_broker(
         reader, list(captures), args.out, args.since, args.until, added, malformed, topics,
         captures,

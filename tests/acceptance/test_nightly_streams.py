@@ -1,7 +1,9 @@
 """The README's nightly line, run as written against a real deployment's shape: two
 services (warehouse.* and shop.* topics) writing to one database, each family in a
-JetStream stream of its own, the relay publishing. The night audits both streams: no
-false alarm (exit 0, lost 0); a message deleted from a stream is lost (exit 3, lost 1)."""
+JetStream stream of its own, the relay publishing; another app's stream at the same
+server holds what this database never wrote. The night audits both streams and leaves the
+other app's alone: no false alarm (exit 0, lost 0, phantom 0); a message deleted from a
+stream is lost (exit 3, lost 1)."""
 
 from __future__ import annotations
 
@@ -48,6 +50,15 @@ def send(db: str, topic: str, count: int) -> None:
     ob.engine.dispose()
 
 
+async def publish_elsewhere(url: str) -> None:
+    """Another app's message, in a stream that captures none of this ledger's topics."""
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().publish("billing.invoice", b"{}", headers={"Nats-Msg-Id": "b-1"})
+    finally:
+        await nc.close()
+
+
 async def delete_one(url: str, stream: str) -> None:
     nc = await nats.connect(url)
     try:
@@ -73,6 +84,8 @@ def test_the_nightly_line_audits_two_streams_of_two_services(
     migrate.upgrade(pg_url)
     create_stream(nats_server.url, "WAREHOUSE", "warehouse.>")
     create_stream(nats_server.url, "SHOP", "shop.*")
+    create_stream(nats_server.url, "BILLING", "billing.>")  # another app's
+    asyncio.run(publish_elsewhere(nats_server.url))
     send(pg_url, "warehouse.inbound", 6)
     send(pg_url, "shop.order", 4)
     assert main(["drain", "--db", pg_url, "--broker", nats_server.url]) == 0

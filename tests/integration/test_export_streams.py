@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from sqlalchemy.orm import Session
 
-from outbox import migrate
+from outbox import Outbox, migrate
 from relay.brokers import nats as nats_adapter
 from relay.brokers.nats import NatsBroker
 from relay.cli import main
@@ -80,6 +81,23 @@ def test_nats_export_reads_every_stream_and_names_it(
     one = tmp_path / "shop.parquet"
     got = export("broker", "--broker", nats_server.url, "--topic", f"s{tag}.*", "--out", str(one))
     assert [r["stream"] for r in got] == [shop, shop]
+
+
+def test_with_db_the_export_reads_only_the_streams_of_the_ledgers_topics(
+    nats_server: NatsServer, two_streams: tuple[str, str, str], sqlite_url: str, tmp_path: Path
+) -> None:
+    """Another app's stream at the same server (here SHOP, whose topics this ledger never
+    wrote) is not read: its entries would be this audit's phantoms."""
+    tag, warehouse, _ = two_streams
+    migrate.upgrade(sqlite_url)
+    ob = Outbox(sqlite_url)
+    with Session(ob.engine) as session, session.begin():
+        ob.send(session, f"w{tag}.in.x", {"n": 1})
+    ob.engine.dispose()
+    out = tmp_path / "ours.parquet"
+    got = export("broker", "--broker", nats_server.url, "--db", sqlite_url, "--out", str(out))
+    assert {r["stream"] for r in got} == {warehouse} and len(got) == 3
+    assert json.loads(pq.read_schema(out).metadata[SOURCES_KEY]) == {warehouse: [f"w{tag}.>"]}
 
 
 def test_a_missing_stream_is_named(nats_server: NatsServer, tmp_path: Path) -> None:
