@@ -29,8 +29,10 @@ def inputs(tmp_path: Path) -> tuple[str, str]:
         for n in range(committed):
             at = START + timedelta(minutes=10, seconds=len(ledger))
             msg_id = f"{topic}-{n}"
-            ledger.append({"id": len(ledger) + 1, "msg_id": msg_id, "topic": topic,
-                           "status": "sent", "created_at": at, "sent_at": at, "attempts": 0})  # fmt: skip
+            ledger.append(
+                {"id": len(ledger) + 1, "msg_id": msg_id, "topic": topic, "status": "sent",
+                 "created_at": at, "sent_at": at, "attempts": 0}
+            )  # fmt: skip
             if n < delivered:
                 broker.append({"msg_id": msg_id, "topic": topic, "seq": str(len(broker) + 1),
                                "broker_ts": at + timedelta(milliseconds=5),
