@@ -137,3 +137,23 @@ class AlwaysCommits(TransactionListener):
 
     def check_local_transaction(self, msg: TransactionMessage) -> LocalTransactionState:
         return LocalTransactionState.COMMIT_MESSAGE
+
+
+@contextmanager
+def logging_kept() -> Iterator[None]:
+    """Run code that reconfigures logging in this process (an Alembic env.py's
+    ``fileConfig``, which disables every logger that exists) and put every logger back as
+    it was afterwards: a later test of this worker must still hear ``relay.*``."""
+    import logging
+
+    loggers = [logging.getLogger(), *(
+        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    )]  # fmt: skip
+    saved = [(lg, lg.disabled, lg.level, lg.propagate, list(lg.handlers)) for lg in loggers]
+    try:
+        yield
+    finally:
+        for lg, disabled, level, propagate, handlers in saved:
+            lg.disabled, lg.propagate = disabled, propagate
+            lg.setLevel(level)
+            lg.handlers[:] = handlers

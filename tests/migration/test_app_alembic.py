@@ -36,6 +36,7 @@ from sqlalchemy.pool import NullPool
 
 from outbox import migrate
 from outbox.migrate import OWNED_TABLES, excluding_outbox, include_name, include_object
+from tests.helpers import logging_kept
 from tests.migration.test_migrations import tables
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -338,9 +339,10 @@ def test_upgrade_on_a_connection_commits_nothing(pg_url: str) -> None:
 def test_flask_migrate_takes_the_hooks(sqlite_url: str, tmp_path: Path) -> None:
     """`flask db migrate` (Flask-Migrate's own env.py) with the docs' Migrate(...) line:
     the generated revision creates the app's table and drops nothing of the outbox's."""
-    flask = pytest.importorskip("flask")
-    flask_migrate = pytest.importorskip("flask_migrate")
-    flask_sqlalchemy = pytest.importorskip("flask_sqlalchemy")
+    import flask
+    import flask_migrate
+    import flask_sqlalchemy
+
     migrate.upgrade(sqlite_url, model_b=True)
     generated = {}
     for hooked in (True, False):
@@ -352,7 +354,7 @@ def test_flask_migrate_takes_the_hooks(sqlite_url: str, tmp_path: Path) -> None:
         line = FLASK_MIGRATE if hooked else "migrate = Migrate(app, db)"
         exec(textwrap.dedent(line), scope)
         directory = str(tmp_path / f"migrations_{hooked}")
-        with app.app_context():
+        with app.app_context(), logging_kept():  # its env.py runs fileConfig
             flask_migrate.init(directory)
             flask_migrate.migrate(directory, message="orders")
         [script] = (tmp_path / f"migrations_{hooked}" / "versions").glob("*_orders.py")

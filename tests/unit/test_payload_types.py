@@ -153,7 +153,7 @@ def test_a_model_with_nested_models_is_encoded_by_pydantic() -> None:
 
 
 def test_a_sqlmodel_row_is_a_pydantic_model() -> None:
-    sqlmodel = pytest.importorskip("sqlmodel")
+    import sqlmodel
 
     class Hero(sqlmodel.SQLModel):  # type: ignore[misc]
         id: uuid.UUID
