@@ -32,7 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from outbox.dedup_locks import lock_dedup_keys
@@ -157,9 +157,10 @@ PG_UNDEFINED_TABLE = "42P01"
 MYSQL_NO_SUCH_TABLE = 1146
 
 
-def missing_table(exc: DBAPIError) -> bool:
-    """Is ``exc`` a driver's "no such table" for one of the outbox's tables?"""
-    orig = exc.orig
+def missing_table(exc: SQLAlchemyError) -> bool:
+    """Is ``exc`` a driver's "no such table" for one of the outbox's tables (PostgreSQL
+    42P01, MariaDB/MySQL 1146, SQLite "no such table")?"""
+    orig = getattr(exc, "orig", None)
     text = str(orig)
     if "outbox_" not in text:  # an app's table (a statement of its own, a trigger)
         return False

@@ -39,6 +39,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from outbox.events import SweepResult
 from outbox.message import Message
+from outbox.rows import missing_table
 from outbox.secrets import url_of
 from relay import store
 from relay.outage import Outage
@@ -227,18 +228,6 @@ class Scheduler(Lifecycle):
         reading = Reading(self.sweeper.settings.sweep_batch, self.timing.clock, self.timing.wall)
         result = self.sweeper.publish_claimed(reading.claim)
         return result, reading
-
-
-def missing_table(exc: SQLAlchemyError) -> bool:
-    """Whether the database said a table does not exist (PostgreSQL 42P01, MariaDB/MySQL
-    1146, SQLite "no such table")."""
-    cause = getattr(exc, "orig", None)
-    if getattr(cause, "sqlstate", None) == "42P01" or getattr(cause, "pgcode", None) == "42P01":
-        return True
-    args = getattr(cause, "args", ())
-    if args and args[0] == 1146:
-        return True
-    return "no such table" in str(cause)
 
 
 class Reading:
