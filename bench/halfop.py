@@ -26,8 +26,8 @@ from bench.halfop_soak import add_soak_arguments, soak
 from bench.report import print_rows
 from outbox import migrate
 from relay.brokers.nats import create_stream, read_stream
-from relay.compare.workload import business, place_order
-from relay.halfop import (
+from relay.lab.compare.workload import business, place_order
+from relay.lab.halfop import (
     HALF_TOPIC,
     OP_TOPIC,
     Coordinator,
@@ -36,7 +36,7 @@ from relay.halfop import (
     SqlTransactionListener,
     TransactionProducer,
 )
-from relay.halfop.protocol import BORN_TIMESTAMP, UNIQ_KEY
+from relay.lab.halfop.protocol import BORN_TIMESTAMP, UNIQ_KEY
 from relay.testing.embedded import NatsServer
 from relay.testing.faults import kill_producer_after_commit
 

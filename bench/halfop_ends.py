@@ -23,9 +23,9 @@ import nats
 from bench.report import print_rows
 from outbox.message import build_message
 from relay.brokers.nats import create_stream
-from relay.halfop import Coordinator, CoordinatorSettings
-from relay.halfop.coordinator import SETTLED_BUCKET
-from relay.halfop.protocol import (
+from relay.lab.halfop import Coordinator, CoordinatorSettings
+from relay.lab.halfop.coordinator import SETTLED_BUCKET
+from relay.lab.halfop.protocol import (
     COMMIT_OR_ROLLBACK,
     END_SUBJECT,
     HALF_OFFSET,

@@ -37,7 +37,7 @@ from typing import Any
 
 from bench.report import print_rows
 from relay.brokers.nats import create_stream
-from relay.halfop import (
+from relay.lab.halfop import (
     OP_TOPIC,
     LocalTransactionState,
     TransactionListener,

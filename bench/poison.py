@@ -16,7 +16,7 @@ import argparse
 from bench.fast_path import bench_schema, pct
 from bench.report import print_rows
 from outbox import migrate
-from relay.compare.run import ModelA, Workload
+from relay.lab.compare.run import ModelA, Workload
 from relay.testing.embedded import NatsServer
 
 

@@ -121,7 +121,7 @@ class Stats:
     - app threads, in ``Dispatcher.submit`` under the dispatcher's lock: ``queue_full``;
     - the thread that calls ``Dispatcher.stop``: ``dropped_at_stop`` for commits a loop
       that did not answer left behind;
-    - ``held`` and ``held_peak``: under ``relay.stats.Slots``' lock, by app threads
+    - ``held`` and ``held_peak``: under ``relay.fastpath.stats.Slots``' lock, by app threads
       (take), the loop, the acks thread and ``stop`` (free).
     Prometheus metrics count through a listener, not from these.
     """

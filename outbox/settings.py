@@ -80,7 +80,7 @@ class Settings:
     )
     # keep: mark rows sent and keep them for the reconciliation ledger; delete: remove them.
     mark_mode: str = option("keep", "keep: mark rows sent and keep them; delete: remove them")
-    # The fast path (relay.dispatcher).
+    # The fast path (relay.fastpath.dispatcher).
     # Messages the fast path holds in memory at once, wherever they wait (queued, waiting
     # to retry, in flight, acked but not yet marked); past it, commits wait for the sweeper.
     queue_size: int = option(10_000, "messages the fast path holds in memory at once")
@@ -101,7 +101,7 @@ class Settings:
     # app swallowed) or when the session joined an outer transaction that may still
     # roll back. Off trusts after_commit: one statement less, phantoms possible then.
     verify_commit: bool = option(True, "re-read rows whose commit cannot be proven")
-    # The sweeper (relay.sweeper), in the app (Outbox(sweeper=True)) and in `outbox relay`.
+    # The sweeper (relay.sweep.sweeper), in the app (Outbox(sweeper=True)) and in `outbox relay`.
     sweep_interval_s: float = option(1.0, "seconds between sweeps", flags=("--interval",))
     sweep_batch: int = option(500, "rows claimed (and locked) by one sweep")
     max_attempts: int = option(20, "sweeper attempts before a row is marked dead")

@@ -251,7 +251,7 @@ outbox_sequence = Table(
     Column("last_seq", BigInteger(), nullable=False),
 )
 
-# Model B (relay.halfop.producer.SqlTransactionListener): one row per local transaction that
+# Model B (relay.lab.halfop.producer.SqlTransactionListener): one row per local transaction that
 # committed, written inside that transaction, so check-back can tell commit from not.
 transaction_record = Table(
     "outbox_transaction_record",

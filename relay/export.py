@@ -35,7 +35,7 @@ from outbox.message import KEY_HEADER, SEQ_HEADER
 from outbox.table import outbox_message as t
 from outbox.table import transaction_record
 from relay.brokers.base import utc
-from relay.halfop.protocol import (
+from relay.lab.halfop.protocol import (
     CHECK_MAX_TOPIC,
     CHECK_TIMES,
     HALF_OFFSET,

@@ -55,13 +55,13 @@ from outbox.events import REASONS, Failed, Path, Reason, RelayListener, Sent, Sw
 from outbox.forks import after_fork_in_child
 from outbox.secrets import mask_url
 from relay import store
-from relay.stats import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS_S, SWEEP_BUCKETS_S, Histogram
+from relay.fastpath.stats import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS_S, SWEEP_BUCKETS_S, Histogram
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from relay.dispatcher import Dispatcher
-    from relay.sweeper_jobs import SweeperJobs
+    from relay.fastpath.dispatcher import Dispatcher
+    from relay.sweep.jobs import SweeperJobs
 
 log = logging.getLogger("relay.metrics")
 

@@ -8,11 +8,11 @@ the reverse order, within one deadline:
 - the metrics server, first up and last down (it only reads the others);
 - ``BrokerLoop`` (relay.loop): the thread that owns the broker connection; the fast
   path and the sweeper publish through it, so it starts first and stops last;
-- ``Sweeper`` (relay.sweeper) and ``SweeperJobs`` (relay.sweeper_jobs), which call it
+- ``Sweeper`` (relay.sweep.sweeper) and ``SweeperJobs`` (relay.sweep.jobs), which call it
   on a schedule (the sweeper duty) with the retention purge;
-- ``Scheduler`` (relay.scheduler), with either duty: publishes scheduled messages
+- ``Scheduler`` (relay.sweep.scheduler), with either duty: publishes scheduled messages
   (``send(delay=...)``) when due, through the sweeper's machinery;
-- ``Dispatcher`` (relay.dispatcher), the fast path, with its ``AckBatcher``: up last,
+- ``Dispatcher`` (relay.fastpath.dispatcher), the fast path, with its ``AckBatcher``: up last,
   down first, so that at stop it has the whole deadline for the publishes and acks it
   holds (acked but unmarked rows would be published again) and takes no new commits
   while a sweep finishes.
@@ -41,15 +41,15 @@ from outbox.events import RelayListener, Stats
 from outbox.message import Message
 from outbox.secrets import mask_url
 from outbox.settings import Settings
-from relay.acks import sql_finisher, sql_heads, sql_verifier
 from relay.brokers import broker_for
-from relay.dispatcher import Dispatcher
+from relay.fastpath.acks import sql_finisher, sql_heads, sql_verifier
+from relay.fastpath.dispatcher import Dispatcher
 from relay.listener import Listeners
 from relay.loop import BrokerLoop
 from relay.part import Lifecycle, Part
-from relay.scheduler import Scheduler
-from relay.sweeper import Sweeper
-from relay.sweeper_jobs import SweeperJobs
+from relay.sweep.jobs import SweeperJobs
+from relay.sweep.scheduler import Scheduler
+from relay.sweep.sweeper import Sweeper
 
 __all__ = ["Relay"]
 
@@ -68,7 +68,7 @@ class Relay(Lifecycle):
 
     - ``fast_path``: publish what ``submit`` hands over right after COMMIT;
     - ``sweeper``: sweep due rows every ``sweep_interval_s`` (``concurrency`` sweeps side
-      by side) and, with ``retention``, purge old sent rows; ``relay.sweeper`` is there
+      by side) and, with ``retention``, purge old sent rows; ``relay.sweep.sweeper`` is there
       without this duty too, for sweeps on demand (``outbox drain``);
     - with either duty, ``scheduler`` publishes scheduled messages once due (submitted
       ones are its hints, others are read from the table);

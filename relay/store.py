@@ -350,7 +350,7 @@ def still_heads(conn: Connection, row_ids: Sequence[int]) -> set[int]:
 
     InnoDB reads the subquery of a locking statement in a snapshot that may predate the
     rows it locked (a predecessor committed just before its follower is then unseen):
-    this separate statement, at READ COMMITTED (the sweeper's, see relay.sweeper), sees
+    this separate statement, at READ COMMITTED (the sweeper's, see relay.sweep.sweeper), sees
     every row committed before the claim, so each locked row's predecessors.
     """
     found = conn.execute(select(t.c.id).where(t.c.id.in_(list(row_ids)), is_head()))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from relay.halfop import (
+from relay.lab.halfop import (
     Coordinator,
     CoordinatorSettings,
     LocalTransactionState,

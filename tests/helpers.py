@@ -14,8 +14,8 @@ from sqlalchemy.pool import NullPool
 
 from outbox import migrate, outbox_message
 from relay.brokers import Broker
-from relay.dispatcher import Dispatcher
-from relay.halfop import LocalTransactionState, TransactionListener, TransactionMessage
+from relay.fastpath.dispatcher import Dispatcher
+from relay.lab.halfop import LocalTransactionState, TransactionListener, TransactionMessage
 from relay.loop import BrokerLoop
 
 

@@ -4,7 +4,7 @@ Revision ID: modelb_0001
 Revises: (none: the base of the ``modelb`` branch; depends on 0002)
 Create Date: 2026-12-01
 
-Only model B (relay.halfop's SqlTransactionListener, ``outbox compare``) uses this table,
+Only model B (relay.lab.halfop's SqlTransactionListener, ``outbox compare``) uses this table,
 so a plain ``outbox migrate`` does not create it: ``outbox migrate --model-b`` does, and
 so does model B's first use. A database migrated before this branch existed has the
 table already (revision 0002 made it, 0003 moved its clock to UTC): it is adopted as it

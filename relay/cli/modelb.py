@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 from outbox.errors import OutboxError
 from outbox.secrets import mask_url
-from relay import compare
 from relay.cli.common import (
     EXIT_OK,
     Commands,
@@ -19,6 +18,7 @@ from relay.cli.common import (
 )
 from relay.cli.run import defer_stop_signals
 from relay.cli.stopping import STOP_SIGNALS
+from relay.lab import compare
 from spark_jobs.flags import DAY_S, bounded_int, bounded_seconds, out_folder_problem
 
 log = logging.getLogger("relay.cli")
@@ -73,7 +73,7 @@ def add_compare(commands: Commands) -> None:
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
-    from relay.halfop import Coordinator, CoordinatorSettings
+    from relay.lab.halfop import Coordinator, CoordinatorSettings
 
     defer_stop_signals()
     settings = CoordinatorSettings(
@@ -99,7 +99,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if problem := out_folder_problem(args.out):
         raise UsageError(f"--out {args.out}: {problem}")
     try:
-        from relay.compare import report
+        from relay.lab.compare import report
     except ImportError as exc:
         raise OutboxError(
             f"compare needs the [compare] extra ({exc.name} is missing): "

@@ -153,7 +153,7 @@ class Progress:
         self.what, self.total = what, total
         self.sent = self.failed = self.dead = 0
         self.retrying = 0  # failed rows of an earlier pass, not yet claimed again
-        # Why rows failed (relay.sweeper.reason): the dead ones, the ones failed in this
+        # Why rows failed (relay.sweep.sweeper.reason): the dead ones, the ones failed in this
         # pass, and the earlier passes' failures that are not claimed again yet.
         self.dead_reasons: Counter[str] = Counter()
         self.retry_reasons: Counter[str] = Counter()

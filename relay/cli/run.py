@@ -39,8 +39,8 @@ from relay.cli.settings_flags import add_settings_flags
 from relay.cli.stopping import STOP_SIGNALS, StopSignals, exit_status, signals_blocked
 from relay.display import safe
 from relay.runtime import Relay
-from relay.scheduler import publish_due
-from relay.sweeper import Sweeper
+from relay.sweep.scheduler import publish_due
+from relay.sweep.sweeper import Sweeper
 from spark_jobs.flags import DAY_S, bounded_int, bounded_seconds
 
 DRAIN_PASSES = 3

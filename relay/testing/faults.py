@@ -175,8 +175,8 @@ class TcpProxy:
 # before its end request left: check-back alone must settle the message.
 _KILLED_PRODUCER = """
 import os, sys
-from relay.halfop import SqlTransactionListener, TransactionProducer
-from relay.compare.workload import place_order
+from relay.lab.halfop import SqlTransactionListener, TransactionProducer
+from relay.lab.compare.workload import place_order
 
 class DiesAfterCommit(SqlTransactionListener):
     def execute_local_transaction(self, msg, arg):

@@ -18,7 +18,7 @@ from typing import Any
 # The modules each extra makes importable; without the extra they are never imported
 # by `import outbox`, `import relay` or the CLI's parser.
 ENABLES = {
-    "nats": ["relay.brokers.nats", "relay.halfop.coordinator"],
+    "nats": ["relay.brokers.nats", "relay.lab.halfop.coordinator"],
     "rabbitmq": ["relay.brokers.rabbitmq"],
     "redis": ["relay.brokers.redis"],
     "metrics": ["relay.metrics"],
@@ -29,7 +29,7 @@ ENABLES = {
         "spark_jobs.ledger",
         "relay.brokers.nats",
     ],
-    "compare": ["relay.compare.report", "relay.compare.run"],
+    "compare": ["relay.lab.compare.report", "relay.lab.compare.run"],
     "web": ["flask", "fastapi", "uvicorn", "httpx"],
     "async": ["sqlalchemy.ext.asyncio", "asyncpg", "aiosqlite", "asyncmy", "pymysql"],
     "mysql": ["pymysql"],
@@ -100,7 +100,7 @@ def rendered(folder: str) -> None:
     write_report(page, {"total": {"lost": 1}, "topics": {}})
     assert 'id="verdict"' in page.read_text(), "report.html not rendered"
     assert (Path(folder) / "plotly.min.js").exists(), "plotly.min.js not beside report.html"
-    environment(PackageLoader("relay.compare", "templates")).get_template("compare.html")
+    environment(PackageLoader("relay.lab.compare", "templates")).get_template("compare.html")
 
 
 def nats_log_exported(cli: Any, folder: str) -> None:

@@ -32,9 +32,9 @@ from outbox.broker import BROKER_SCHEMES
 from outbox.errors import ConfigError
 from relay.brokers import broker_for
 from relay.brokers.nats import create_stream, read_stream
-from relay.halfop import HALF_TOPIC, TransactionProducer
-from relay.halfop.coordinator import OFFSETS_BUCKET
-from relay.halfop.protocol import BORN_TIMESTAMP, PGROUP, TRAN_MSG, UNIQ_KEY
+from relay.lab.halfop import HALF_TOPIC, TransactionProducer
+from relay.lab.halfop.coordinator import OFFSETS_BUCKET
+from relay.lab.halfop.protocol import BORN_TIMESTAMP, PGROUP, TRAN_MSG, UNIQ_KEY
 from relay.testing.embedded import NatsServer, free_port
 from spark_jobs.schema import BROKER, LEDGER
 from tests.helpers import AlwaysCommits, wait_until

@@ -216,7 +216,7 @@ def test_coordinator_command_settles_transactions(
     nats_server: NatsServer, stream: tuple[str, str]
 ) -> None:
     from relay.brokers.nats import create_stream
-    from relay.halfop import TransactionProducer
+    from relay.lab.halfop import TransactionProducer
 
     name, prefix = stream
 

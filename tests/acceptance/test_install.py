@@ -37,8 +37,8 @@ EXTRAS = set(
 CHECKOUT_ONLY = {"dev", "bench", "peers", "demo", "examples"}  # the checkout's, not users'
 USER_EXTRAS = EXTRAS - CHECKOUT_ONLY
 PIP_LINE = re.compile(r"outbox-relay\[([^\]]*)\]")
-DATA_FOLDERS = ["relay/compare/templates", "relay/dashboard/templates", "relay/dashboard/static",
-                "spark_jobs/templates"]  # fmt: skip
+DATA_FOLDERS = ["relay/lab/compare/templates", "relay/dashboard/templates",
+                "relay/dashboard/static", "spark_jobs/templates"]  # fmt: skip
 INSTALL_TIMEOUT_S = 600  # a cold pip cache downloads pyspark (~300 MB)
 
 

@@ -21,7 +21,7 @@ from outbox.broker import retry
 from outbox.table import outbox_message as t
 from relay.loop import BrokerLoop
 from relay.metrics import Backlog
-from relay.sweeper import Sweeper
+from relay.sweep.sweeper import Sweeper
 from relay.testing.memory import MemoryBroker
 from tests.acceptance.test_failures_cli import OUTBOX, cli
 from tests.helpers import migrated, running, wait_until

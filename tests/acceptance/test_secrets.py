@@ -211,7 +211,7 @@ def test_metrics_carry_no_url(pg_url: str) -> None:
 
 def test_compare_report_options_are_masked() -> None:
     from relay.cli import build_parser
-    from relay.compare.report import report_args
+    from relay.lab.compare.report import report_args
 
     args = build_parser().parse_args(
         ["compare", "--db", f"postgresql+psycopg://app:{ENCODED}@h/x",

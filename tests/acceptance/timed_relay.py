@@ -20,7 +20,7 @@ from outbox.broker import PublishResult
 from outbox.message import Message
 from relay.brokers.redis import RedisBroker
 from relay.cli import main
-from relay.sweeper import Sweeper
+from relay.sweep.sweeper import Sweeper
 
 untimed = RedisBroker.publish
 unnoted = Sweeper.sweep

@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 
 from outbox import migrate
 from relay.brokers.nats import DEDUP_HEADER, read_stream
-from relay.halfop import (
+from relay.lab.halfop import (
     CHECK_MAX_TOPIC,
     HALF_TOPIC,
     OP_TOPIC,
@@ -44,7 +44,7 @@ from relay.halfop import (
     TransactionMessage,
     TransactionProducer,
 )
-from relay.halfop.coordinator import OFFSETS_BUCKET
+from relay.lab.halfop.coordinator import OFFSETS_BUCKET
 from relay.testing import scratch_schema
 from relay.testing.embedded import NatsServer
 from tests.conftest import PG_URL

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from outbox import Outbox, migrate
 from outbox.table import outbox_message
 from relay.brokers.nats import read_stream
-from relay.compare.run import FAULTS, POISON, ModelA, ModelB, Run, Workload
+from relay.lab.compare.run import FAULTS, POISON, ModelA, ModelB, Run, Workload
 from relay.testing.embedded import NatsServer
 from tests.helpers import wait_until
 

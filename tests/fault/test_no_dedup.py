@@ -34,7 +34,7 @@ from outbox import Outbox, migrate
 from outbox.table import PENDING, outbox_message
 from relay import export
 from relay.brokers import reader_for
-from relay.compare.run import KILLED_APP_MESSAGES, QUICK_OUTBOX
+from relay.lab.compare.run import KILLED_APP_MESSAGES, QUICK_OUTBOX
 from relay.testing.faults import MarkKiller, TcpProxy, kill_app_after_commit
 from tests.helpers import wait_until
 from tests.servers import RedisServer

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from relay.brokers.nats import create_stream
-from relay.halfop import Coordinator, TransactionProducer
+from relay.lab.halfop import Coordinator, TransactionProducer
 from relay.testing.embedded import NatsServer
 from tests.halfop import QUICK, running_coordinator
 

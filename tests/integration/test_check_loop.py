@@ -13,7 +13,7 @@ import pytest
 
 from outbox.message import build_message
 from relay.brokers.nats import header_size, read_stream
-from relay.halfop import (
+from relay.lab.halfop import (
     CHECK_MAX_TOPIC,
     HALF_TOPIC,
     OP_TOPIC,
@@ -25,7 +25,7 @@ from relay.halfop import (
     TransactionMessage,
     TransactionProducer,
 )
-from relay.halfop.protocol import (
+from relay.lab.halfop.protocol import (
     COMMIT_OR_ROLLBACK,
     END_SUBJECT,
     HALF_OFFSET,

@@ -32,7 +32,7 @@ from relay.brokers import broker_for
 from relay.brokers.nats import read_stream
 from relay.cli import main as cli
 from relay.loop import BrokerLoop
-from relay.sweeper import Sweeper
+from relay.sweep.sweeper import Sweeper
 from relay.testing.embedded import NatsServer
 from tests.helpers import running, wait_until
 

@@ -49,7 +49,7 @@ def dead_count(engine: Engine) -> int:
 
 
 def dead_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "relay.dead_letters"]
+    return [r for r in caplog.records if r.name == "relay.sweep.dead_letters"]
 
 
 def test_an_apps_sweeper_logs_a_dead_letter_at_warning(
@@ -99,7 +99,7 @@ def test_a_workers_sweep_line_names_the_reasons_and_each_dead_letter_is_a_warnin
     assert "went dead (scheduler): " in by_id[scheduled].getMessage()
     for msg_id in swept:
         assert by_id[msg_id].getMessage().startswith("message went dead (sweeper): ")
-    sweeps = [r.getMessage() for r in caplog.records if r.name == "relay.sweeper"]
+    sweeps = [r.getMessage() for r in caplog.records if r.name == "relay.sweep.sweeper"]
     assert any(
         line.startswith("sweep: claimed=2 sent=0 retry_later=0 dead=2 (2 x permanent: no stream ")
         for line in sweeps

@@ -15,8 +15,8 @@ from sqlalchemy import Engine, create_engine, func, select
 
 from outbox import migrate
 from relay.brokers.nats import read_stream
-from relay.compare.workload import business, orders, place_order
-from relay.halfop import (
+from relay.lab.compare.workload import business, orders, place_order
+from relay.lab.halfop import (
     CHECK_MAX_TOPIC,
     HALF_TOPIC,
     OP_TOPIC,

@@ -13,9 +13,9 @@ import nats.js.errors
 import pytest
 
 from outbox.message import build_message
-from relay.halfop import OP_TOPIC, Coordinator, CoordinatorSettings, TransactionProducer
-from relay.halfop.coordinator import OFFSETS_BUCKET, TAGS_HEADER, _Round
-from relay.halfop.protocol import HALF_TOPIC, OP_TAG, TransactionMessage, half_headers
+from relay.lab.halfop import OP_TOPIC, Coordinator, CoordinatorSettings, TransactionProducer
+from relay.lab.halfop.coordinator import OFFSETS_BUCKET, TAGS_HEADER, _Round
+from relay.lab.halfop.protocol import HALF_TOPIC, OP_TAG, TransactionMessage, half_headers
 from relay.testing.embedded import NatsServer
 from tests.halfop import COMMIT, UNKNOW, producer, running_coordinator
 from tests.helpers import wait_until

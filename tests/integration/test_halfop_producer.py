@@ -13,7 +13,7 @@ from nats.aio.client import Client
 
 from outbox.errors import ConfigError
 from relay.brokers.nats import DEDUP_HEADER, read_stream
-from relay.halfop import (
+from relay.lab.halfop import (
     HALF_TOPIC,
     Coordinator,
     LocalTransactionState,

@@ -11,8 +11,8 @@ import nats
 import pytest
 
 from relay.brokers.nats import DEDUP_HEADER
-from relay.halfop import Coordinator, CoordinatorSettings, SendResult, TransactionProducer
-from relay.halfop.protocol import (
+from relay.lab.halfop import Coordinator, CoordinatorSettings, SendResult, TransactionProducer
+from relay.lab.halfop.protocol import (
     COMMIT_OR_ROLLBACK,
     END_SUBJECT,
     HALF_OFFSET,
@@ -47,7 +47,7 @@ def forgetful(nats_server: NatsServer, stream: tuple[str, str]) -> tuple[str, st
 
 
 def end_request(r: SendResult, state: str = COMMIT.value) -> dict[str, str]:
-    """The end request the producer of ``r`` sent (relay.halfop.link._send_end)."""
+    """The end request the producer of ``r`` sent (relay.lab.halfop.link._send_end)."""
     return {
         HALF_OFFSET: str(r.half_offset),
         COMMIT_OR_ROLLBACK: state,

@@ -20,7 +20,7 @@ from outbox.settings import Settings
 from relay import store
 from relay.brokers.base import NOT_CONNECTED
 from relay.loop import BrokerLoop
-from relay.sweeper import Cursor, Sweeper
+from relay.sweep.sweeper import Cursor, Sweeper
 from relay.testing.faults import kill_app_after_commit
 from relay.testing.memory import MemoryBroker
 from tests.helpers import migrated, running

@@ -22,8 +22,8 @@ from outbox.events import Path, RelayListener, Sent
 from outbox.settings import Settings
 from relay.loop import BrokerLoop
 from relay.runtime import Relay
-from relay.scheduler import Scheduler
-from relay.sweeper import Sweeper
+from relay.sweep.scheduler import Scheduler
+from relay.sweep.sweeper import Sweeper
 from relay.testing.embedded import NatsServer
 from relay.testing.memory import MemoryBroker
 from tests.helpers import migrated, running, wait_until

@@ -23,8 +23,8 @@ from outbox.message import Message
 from outbox.settings import Settings
 from relay.brokers.nats import NatsBroker, read_stream
 from relay.loop import BrokerLoop
-from relay.sweeper import Sweeper
-from relay.sweeper_jobs import SweeperJobs
+from relay.sweep.jobs import SweeperJobs
+from relay.sweep.sweeper import Sweeper
 from relay.testing.embedded import NatsServer
 from relay.testing.faults import FaultyBroker
 from relay.testing.memory import MemoryBroker

@@ -134,7 +134,7 @@ def test_downgrades(sqlite_url: str) -> None:
 
 
 def test_a_listener_makes_its_table(sqlite_url: str) -> None:
-    from relay.halfop import SqlTransactionListener
+    from relay.lab.halfop import SqlTransactionListener
 
     migrate.upgrade(sqlite_url)
     listener = SqlTransactionListener(sqlite_url, lambda session, msg, arg: None)

@@ -24,7 +24,7 @@ from outbox.settings import Settings
 from outbox.table import PENDING, SENT
 from relay.brokers import broker_for
 from relay.loop import BrokerLoop
-from relay.sweeper import Sweeper
+from relay.sweep.sweeper import Sweeper
 from tests.helpers import migrated
 from tests.planting import plant, row_of
 from tests.targets import Carried, Target, target

@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 from outbox import Outbox, migrate
 from relay import cli
 from relay.brokers.nats import create_stream
-from relay.compare.workload import business, place_order
-from relay.halfop import (
+from relay.lab.compare.workload import business, place_order
+from relay.lab.halfop import (
     Coordinator,
     CoordinatorSettings,
     SqlTransactionListener,

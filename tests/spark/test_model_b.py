@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
-from relay.compare.report import figures
-from relay.compare.run import RunResult
+from relay.lab.compare.report import figures
+from relay.lab.compare.run import RunResult
 from spark_jobs.reconciliation import reconcile
 from spark_jobs.schema import BROKER, HALFOP_LOG, RECORDS
 from spark_jobs.window import Window

@@ -11,9 +11,9 @@ from urllib.parse import unquote, urlparse
 import pytest
 from playwright.sync_api import FloatRect, Page
 
-from relay.compare import report
-from relay.compare.run import RunResult
-from relay.compare.workload import Workload
+from relay.lab.compare import report
+from relay.lab.compare.run import RunResult
+from relay.lab.compare.workload import Workload
 from spark_jobs.reconciliation import histogram_labels
 from spark_jobs.report import write_report
 from tests.browser import screenshot

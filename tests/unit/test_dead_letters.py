@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from outbox.events import Failed
-from relay.dead_letters import DeadLetters, reason
+from relay.sweep.dead_letters import DeadLetters, reason
 
 WALL_START = 1_764_300_000.0  # 2025-11-28 03:20:00 UTC
 

@@ -17,7 +17,7 @@ from outbox.message import Message, build_message
 from outbox.settings import Settings
 from relay.brokers import Broker
 from relay.brokers.base import publish_isolated
-from relay.dispatcher import Dispatcher
+from relay.fastpath.dispatcher import Dispatcher
 from relay.testing.faults import FaultyBroker
 from relay.testing.memory import MemoryBroker
 from tests.helpers import DispatcherWithLoop, wait_until

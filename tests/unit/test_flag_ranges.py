@@ -20,7 +20,7 @@ from outbox.settings import MOST, Settings, range_of, type_of
 from relay import cli
 from relay.cli.common import msg_id
 from relay.cli.settings_flags import SCALED, dest_of, scaled_range
-from relay.compare import report
+from relay.lab.compare import report
 from spark_jobs import reconcile_job
 from spark_jobs.flags import Bounded, iso_time, shown, spark_master
 

@@ -1,5 +1,5 @@
-"""Which messages of model B's op stream name a real half (relay.halfop.oplog), and how
-long a settlement's record surely lives (relay.halfop.coordinator)."""
+"""Which messages of model B's op stream name a real half (relay.lab.halfop.oplog), and how
+long a settlement's record surely lives (relay.lab.halfop.coordinator)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from nats.aio.msg import Msg
 
-from relay.halfop.coordinator import TAGS_HEADER, record_ttl
-from relay.halfop.oplog import Op, no_real_half, op_of
-from relay.halfop.protocol import OP_TAG
+from relay.lab.halfop.coordinator import TAGS_HEADER, record_ttl
+from relay.lab.halfop.oplog import Op, no_real_half, op_of
+from relay.lab.halfop.protocol import OP_TAG
 
 
 def stored(body: bytes, **headers: str) -> Msg:

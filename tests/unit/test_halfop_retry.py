@@ -1,4 +1,4 @@
-"""Which half-send failures model B's producer tries again (relay.halfop.link)."""
+"""Which half-send failures model B's producer tries again (relay.lab.halfop.link)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import nats.js.errors
 import pytest
 
 from outbox.errors import PayloadTooLarge
-from relay.halfop.link import worth_retrying
+from relay.lab.halfop.link import worth_retrying
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,11 @@
-"""relay.lanes alone: one head per (topic, key), the rest behind it in seq order."""
+"""relay.fastpath.lanes alone: one head per (topic, key), the rest behind it in seq order."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from outbox.message import Message, build_message
-from relay.lanes import Lanes
+from relay.fastpath.lanes import Lanes
 
 
 @dataclass

@@ -24,10 +24,10 @@ from outbox.message import Message, build_message
 from outbox.settings import Settings
 from outbox.table import DEAD, SENT
 from relay.brokers import Broker
-from relay.dispatcher import Dispatcher
+from relay.fastpath.dispatcher import Dispatcher
 from relay.listener import Listeners
 from relay.loop import BrokerLoop
-from relay.sweeper import Sweeper
+from relay.sweep.sweeper import Sweeper
 from relay.testing.faults import FaultyBroker
 from relay.testing.memory import MemoryBroker
 from tests.helpers import DispatcherWithLoop, wait_until

@@ -18,7 +18,7 @@ from outbox.broker import PublishResult, permanent, retry
 from outbox.events import Failed, Path, Reason, RelayListener, Sent
 from outbox.message import Message, build_message
 from outbox.settings import Settings
-from relay.dispatcher import Dispatcher
+from relay.fastpath.dispatcher import Dispatcher
 from relay.store import Head
 from relay.testing.memory import MemoryBroker
 from tests.helpers import DispatcherWithLoop, wait_until

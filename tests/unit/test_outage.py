@@ -58,7 +58,7 @@ def test_the_acks_thread_logs_a_database_outage_once(
     from sqlalchemy.exc import OperationalError
 
     from outbox.events import Sent, Stats
-    from relay import acks
+    from relay.fastpath import acks
 
     down = [True]
 
@@ -72,7 +72,7 @@ def test_the_acks_thread_logs_a_database_outage_once(
 
     monkeypatch.setattr(acks, "RETRY_DELAYS_S", (0.0, 0.0, 0.0))
     batcher = asyncio.run(make())
-    with caplog.at_level(logging.INFO, logger="relay.acks"):
+    with caplog.at_level(logging.INFO, logger="relay.fastpath.acks"):
         for n in range(20):
             batcher._write([Sent(f"m{n}", "t", "r")])
         down[0] = False

@@ -18,13 +18,13 @@ from outbox import migrate
 from outbox.events import Stats
 from outbox.message import build_message
 from outbox.settings import Settings
-from relay.acks import AckBatcher
-from relay.dispatcher import Dispatcher
+from relay.fastpath.acks import AckBatcher
+from relay.fastpath.dispatcher import Dispatcher
 from relay.loop import BrokerLoop
 from relay.part import Part
 from relay.runtime import Relay
-from relay.sweeper import Sweeper
-from relay.sweeper_jobs import SweeperJobs
+from relay.sweep.jobs import SweeperJobs
+from relay.sweep.sweeper import Sweeper
 from relay.testing import MemoryBroker
 from tests.helpers import wait_until
 
@@ -195,7 +195,10 @@ def test_a_relay_stops_the_fast_path_first_and_the_broker_loop_last(engine: Engi
 
 
 ASSEMBLED = {"BrokerLoop", "Dispatcher", "AckBatcher", "SweeperJobs", "Sweeper"}
-ALLOWED = {"relay/runtime.py", "relay/dispatcher.py"}  # the Dispatcher makes its AckBatcher
+ALLOWED = {
+    "relay/runtime.py",
+    "relay/fastpath/dispatcher.py",
+}  # the Dispatcher makes its AckBatcher
 
 
 def constructions(path: Path) -> list[str]:

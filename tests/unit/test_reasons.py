@@ -6,10 +6,10 @@ import io
 from collections import Counter
 
 from outbox.events import Failed, SweepResult
-from relay.batches import BatchReport
 from relay.cli.progress import Progress
 from relay.cli.run import REASONS_SHOWN, reason_lines
-from relay.sweeper import REASON_CHARS, reason, sweep_result
+from relay.fastpath.batches import BatchReport
+from relay.sweep.sweeper import REASON_CHARS, reason, sweep_result
 
 
 def test_a_reason_is_one_line_cut() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from outbox.errors import ConfigError
-from relay.halfop.coordinator import CoordinatorSettings, end_refusal
-from relay.halfop.oplog import (
+from relay.lab.halfop.coordinator import CoordinatorSettings, end_refusal
+from relay.lab.halfop.oplog import (
     Op,
     build_remove_map,
     fill_remove_map,

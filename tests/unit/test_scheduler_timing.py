@@ -1,4 +1,4 @@
-"""relay.scheduler.Timing: when the scheduler claims, on injected clocks (no database).
+"""relay.sweep.scheduler.Timing: when the scheduler claims, on injected clocks (no database).
 
 The monotonic clock and the wall clock are fakes moved by hand; the database's readings
 (relay.store.NextDue) are made up with an offset of their own from the wall clock.
@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from outbox.message import Message
-from relay.scheduler import TICK_S, Timing
 from relay.store import NextDue
+from relay.sweep.scheduler import TICK_S, Timing
 
 REFRESH_S = 1.0
 DB_AHEAD_S = 7.5  # the database clock runs this far ahead of the app's wall clock

@@ -22,7 +22,7 @@ from outbox.settings import Settings
 from outbox.table import DEAD, PENDING, SENT
 from relay import store
 from relay.loop import BrokerLoop
-from relay.sweeper import Sweeper, checked_message
+from relay.sweep.sweeper import Sweeper, checked_message
 from relay.testing.faults import Fault, FaultyBroker
 from relay.testing.memory import MemoryBroker
 from tests.helpers import migrated, running

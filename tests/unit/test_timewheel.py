@@ -8,7 +8,7 @@ import math
 import pytest
 
 from outbox.settings import RETRY_DELAYS_MS
-from relay.timewheel import TimeWheel
+from relay.fastpath.timewheel import TimeWheel
 
 
 class FakeClock:

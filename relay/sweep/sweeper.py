@@ -6,7 +6,7 @@ apps and in ``outbox relay`` workers, share the work without a coordinator. A ro
 that fails is retried later with exponential backoff and jitter, and is marked
 ``dead`` after ``max_attempts`` (a permanent failure: after ``permanent_attempts``);
 a failing row never holds back the rows beside it, but for an ordered key's. A row
-going dead is logged at WARNING once it is committed (relay.dead_letters: a line each,
+going dead is logged at WARNING once it is committed (relay.sweep.dead_letters: a line each,
 a flood summed up once a minute), by an app's sweeper as by a worker's.
 
 Ordered messages (``send(..., ordered=True)``): a key's rows are claimed from its head
@@ -44,14 +44,14 @@ from outbox.settings import Settings
 from outbox.table import DEAD, PENDING
 from outbox.tracing import publish_span
 from relay import store
-from relay.batches import BatchReport
 from relay.brokers.base import NOT_CONNECTED, publish_isolated
-from relay.dead_letters import REASON_CHARS as REASON_CHARS  # its old home
-from relay.dead_letters import DeadLetters, named, reason
+from relay.fastpath.batches import BatchReport
 from relay.listener import Listeners
 from relay.loop import BrokerLoop
+from relay.sweep.dead_letters import REASON_CHARS as REASON_CHARS  # its old home
+from relay.sweep.dead_letters import DeadLetters, named, reason
 
-log = logging.getLogger("relay.sweeper")
+log = logging.getLogger("relay.sweep.sweeper")
 
 Claim = Callable[[Connection], list[store.Claimed]]  # locks a batch in the given transaction
 

@@ -1,9 +1,9 @@
 """The workload of `outbox compare`: the same transactions through model A and model B.
 
-Each model gets the same business (``relay.compare.workload``: an order row per transaction),
+Each model gets the same business (``relay.lab.compare.workload``: an order row per transaction),
 the same offered rate, the same rollback rate and payload size, and the same faults
 at the same moments of its run. A run leaves its own streams at the broker and its
-own rows in the database; ``relay.compare.report`` exports and reconciles them.
+own rows in the database; ``relay.lab.compare.report`` exports and reconciles them.
 
 Faults (``FAULTS``), each lasting ``fault_s`` where it has a length:
 - ``kill``: SIGKILL of an app right after it committed (model A: 50 messages still in
@@ -55,8 +55,8 @@ from outbox.engines import engine_from, with_query
 from outbox.settings import Settings, environment_of
 from outbox.table import DEAD, outbox_message, transaction_record
 from relay.brokers.nats import create_stream, read_stream, stream_bytes
-from relay.compare.workload import FAULTS, POISON, Workload, business, orders, place_order
-from relay.halfop import (
+from relay.lab.compare.workload import FAULTS, POISON, Workload, business, orders, place_order
+from relay.lab.halfop import (
     CHECK_MAX_TOPIC,
     OP_TOPIC,
     Coordinator,
@@ -66,7 +66,7 @@ from relay.halfop import (
     SqlTransactionListener,
     TransactionProducer,
 )
-from relay.halfop.protocol import UNIQ_KEY
+from relay.lab.halfop.protocol import UNIQ_KEY
 from relay.testing.embedded import NatsServer
 from relay.testing.faults import (
     MarkKiller,
@@ -79,7 +79,7 @@ from relay.testing.faults import (
 # count(what, total) -> a context giving what to tell each transaction done (progress).
 Counter = Callable[[str, int], AbstractContextManager[Callable[[int], None]]]
 
-log = logging.getLogger("relay.compare.run")
+log = logging.getLogger("relay.lab.compare.run")
 
 KILLED_APP_MESSAGES = 50
 SETTLE_TIMEOUT_S = 180.0

@@ -18,12 +18,12 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from outbox.events import Sent, Stats
 from relay import store
+from relay.fastpath.stats import Slots
 from relay.listener import Listeners
 from relay.outage import Outage
 from relay.part import Lifecycle
-from relay.stats import Slots
 
-log = logging.getLogger("relay.acks")
+log = logging.getLogger("relay.fastpath.acks")
 
 Finish = Callable[[Sequence[tuple[str, str]]], int]
 Verify = Callable[[Sequence[str]], set[str]]

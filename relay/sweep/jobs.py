@@ -18,13 +18,13 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from relay.outage import Outage
 from relay.part import Lifecycle
-from relay.quiet import quiet_alembic
-from relay.sweeper import Sweeper
+from relay.sweep.quiet import quiet_alembic
+from relay.sweep.sweeper import Sweeper
 
 with quiet_alembic():  # the first import of Alembic logs seven INFO lines
     from outbox import migrate
 
-log = logging.getLogger("relay.sweeper_jobs")
+log = logging.getLogger("relay.sweep.jobs")
 
 RETENTION_INTERVAL_S = 60.0
 

@@ -2,7 +2,7 @@
 
 After COMMIT the app thread hands its messages to ``submit`` (never blocking: when
 the fast path already holds ``queue_size`` messages they stay in the table for the
-sweeper; ``relay.stats.Slots`` counts every message held, from commit until it is
+sweeper; ``relay.fastpath.stats.Slots`` counts every message held, from commit until it is
 marked or given up, wherever it waits). One background thread runs
 an asyncio loop that keeps many publishes in flight; an ack goes to the AckBatcher, a
 retryable failure to the TimeWheel for its next attempt. When the retry schedule is
@@ -11,7 +11,7 @@ the table for the sweeper, which only takes rows older than its own threshold.
 Listeners (outbox.events.RelayListener) hear each batch's outcomes.
 
 Ordered messages (``send(..., ordered=True)``: ``message.seq`` set) go through a lane
-per (topic, key) (relay.lanes). What a lane guarantees:
+per (topic, key) (relay.fastpath.lanes). What a lane guarantees:
 
 - one at a time: at most one message of a key is being checked, published or waiting
   in the time wheel; the key's next goes only once the broker acked it, so a key's
@@ -26,7 +26,7 @@ per (topic, key) (relay.lanes). What a lane guarantees:
   (schedule spent, too old, rejected, stopped) takes its followers with it, left to the
   sweeper (``left_for_sweeper(reason="behind_head")``), which goes on in order;
 - memory stays bounded: followers hold their slots like any message (``queue_size``),
-  and the last acked seq is kept for at most ``relay.lanes.ACKED_KEYS`` keys.
+  and the last acked seq is kept for at most ``relay.fastpath.lanes.ACKED_KEYS`` keys.
 
 Unordered messages never enter a lane: they cost one branch more than before.
 """
@@ -47,17 +47,17 @@ from outbox.events import Failed, RelayListener, Sent, Stats
 from outbox.message import Message
 from outbox.settings import Settings
 from outbox.tracing import publish_span
-from relay.acks import AckBatcher, Finish, Heads, Verify
-from relay.batches import BatchReport
 from relay.brokers.base import publish_isolated
-from relay.lanes import ACKED_KEYS, Lanes
+from relay.fastpath.acks import AckBatcher, Finish, Heads, Verify
+from relay.fastpath.batches import BatchReport
+from relay.fastpath.lanes import ACKED_KEYS, Lanes
+from relay.fastpath.stats import Slots
+from relay.fastpath.timewheel import TimeWheel
 from relay.listener import Listeners
 from relay.loop import BrokerLoop
 from relay.part import START_TIMEOUT_S, Lifecycle
-from relay.stats import Slots
-from relay.timewheel import TimeWheel
 
-log = logging.getLogger("relay.dispatcher")
+log = logging.getLogger("relay.fastpath.dispatcher")
 
 
 @dataclass(slots=True)

@@ -4,13 +4,13 @@ An app runs a ``TransactionProducer`` with its ``TransactionListener`` (or the
 ``SqlTransactionListener``, which makes check-back reliable); ``outbox coordinator``
 runs the ``Coordinator``. The modules:
 
-- ``relay.halfop.protocol``: stream and subject names, message properties, the
+- ``relay.lab.halfop.protocol``: stream and subject names, message properties, the
   ``LocalTransactionState`` answers, ``TransactionMessage`` and ``TransactionListener``.
-- ``relay.halfop.producer``: ``TransactionProducer`` (the app side; its
+- ``relay.lab.halfop.producer``: ``TransactionProducer`` (the app side; its
   ``drop_end_requests`` option is the "end requests lost" fault) and
   ``SqlTransactionListener`` (records each committed transaction for check-back).
-- ``relay.halfop.link``: the NATS connection a producer sends halfs and end requests on.
-- ``relay.halfop.coordinator``: the broker side (``outbox coordinator``): end
+- ``relay.lab.halfop.link``: the NATS connection a producer sends halfs and end requests on.
+- ``relay.lab.halfop.coordinator``: the broker side (``outbox coordinator``): end
   transactions and check-back.
 
 The producer, link and coordinator need the ``nats`` extra; the protocol does not, so
@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from relay.halfop.protocol import (
+from relay.lab.halfop.protocol import (
     CHECK_MAX_TOPIC,
     HALF_TOPIC,
     OP_TOPIC,
@@ -34,8 +34,8 @@ from relay.halfop.protocol import (
 )
 
 if TYPE_CHECKING:
-    from relay.halfop.coordinator import Coordinator, CoordinatorSettings
-    from relay.halfop.producer import SqlTransactionListener, TransactionProducer
+    from relay.lab.halfop.coordinator import Coordinator, CoordinatorSettings
+    from relay.lab.halfop.producer import SqlTransactionListener, TransactionProducer
 
 __all__ = [
     "CHECK_MAX_TOPIC",
@@ -53,10 +53,10 @@ __all__ = [
 ]
 
 _NEEDS_NATS = {
-    "Coordinator": "relay.halfop.coordinator",
-    "CoordinatorSettings": "relay.halfop.coordinator",
-    "SqlTransactionListener": "relay.halfop.producer",
-    "TransactionProducer": "relay.halfop.producer",
+    "Coordinator": "relay.lab.halfop.coordinator",
+    "CoordinatorSettings": "relay.lab.halfop.coordinator",
+    "SqlTransactionListener": "relay.lab.halfop.producer",
+    "TransactionProducer": "relay.lab.halfop.producer",
 }
 
 

@@ -44,10 +44,10 @@ from outbox.secrets import url_of
 from relay import store
 from relay.outage import Outage
 from relay.part import Lifecycle
-from relay.sweeper import Sweeper
-from relay.sweeper_jobs import describe
+from relay.sweep.jobs import describe
+from relay.sweep.sweeper import Sweeper
 
-log = logging.getLogger("relay.scheduler")
+log = logging.getLogger("relay.sweep.scheduler")
 
 TICK_S = 0.002  # the soonest a claim that found nothing due is tried again
 Clock = Callable[[], float]

@@ -1,6 +1,6 @@
 """`outbox compare`: one workload through model A (outbox) and model B (half/op), reconciled.
 
-Runs ``relay.compare.run``'s workload on both models against the same PostgreSQL (a
+Runs ``relay.lab.compare.run``'s workload on both models against the same PostgreSQL (a
 scratch schema, dropped afterwards) and the same broker (the wheel's nats-server
 unless ``--broker`` names one), exports each model's inputs, reconciles both with the
 Spark job and writes ``compare.json`` and ``compare.html`` side by side. Exit status 3
@@ -29,9 +29,9 @@ from relay import export
 from relay.brokers import reader_for
 from relay.cli.common import EXIT_DATA, EXIT_OK, EXIT_STUCK
 from relay.cli.progress import counting
-from relay.compare import add_arguments, workload_of
-from relay.compare.run import RunResult, run_models
-from relay.compare.workload import Workload
+from relay.lab.compare import add_arguments, workload_of
+from relay.lab.compare.run import RunResult, run_models
+from relay.lab.compare.workload import Workload
 from relay.testing import NatsServer, scratch_schema
 from spark_jobs import session
 from spark_jobs.reconcile_job import exit_status, spark_error, told
@@ -208,7 +208,7 @@ def write_html(path: Path, models: dict[str, dict[str, Any]], workload: Workload
         (m, embedded(latency_chart(models[m]["latency_histogram"], top), f"chart-{m}"))
         for m in ("a", "b")
     ]
-    env = environment(PackageLoader("relay.compare", "templates"))
+    env = environment(PackageLoader("relay.lab.compare", "templates"))
     page = env.get_template("compare.html").render(
         title="Outbox vs half/op",
         workload=workload,
@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
     """
     workload = workload_of(args)
     step = told("outbox compare", time.monotonic())  # a line per step on stderr
-    for quiet in ("alembic", "apscheduler", "relay.halfop", "py4j", "nats"):
+    for quiet in ("alembic", "apscheduler", "relay.lab.halfop", "py4j", "nats"):
         logging.getLogger(quiet).setLevel(logging.WARNING)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

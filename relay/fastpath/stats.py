@@ -12,7 +12,7 @@ import threading
 
 from outbox.events import Stats
 
-log = logging.getLogger("relay.stats")
+log = logging.getLogger("relay.fastpath.stats")
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_SIZE_BUCKETS = (1, 10, 50, 100, 250, 500, 1000, 5000)

@@ -1,8 +1,8 @@
 """`outbox compare`: model A (the outbox) and model B (half/op) on the same workload.
 
-- ``relay.compare.workload``: what is offered (``Workload``, ``FAULTS``) and the business;
-- ``relay.compare.run``: driving each model, injecting the faults, tracking deliveries;
-- ``relay.compare.report``: exporting, reconciling on Spark, compare.json and .html.
+- ``relay.lab.compare.workload``: what is offered (``Workload``, ``FAULTS``) and the business;
+- ``relay.lab.compare.run``: driving each model, injecting the faults, tracking deliveries;
+- ``relay.lab.compare.report``: exporting, reconciling on Spark, compare.json and .html.
 
 The flags are declared here, light to import: the CLI builds its parser from them.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from relay.compare.workload import FAULTS, Workload
+from relay.lab.compare.workload import FAULTS, Workload
 from spark_jobs.flags import bounded_int, bounded_number, bounded_seconds, spark_master
 
 DEFAULT_DB = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

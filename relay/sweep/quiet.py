@@ -1,6 +1,6 @@
 """Alembic's INFO lines from the relay's own schema check, kept out of an app's log.
 
-The sweeper checks the schema's revision before its first sweep (relay.sweeper_jobs).
+The sweeper checks the schema's revision before its first sweep (relay.sweep.jobs).
 Through Alembic that logs at INFO: "setup plugin ..." seven times when Alembic is first
 imported (1.18 and later), then "Context impl ..." and "Will assume ... DDL." at each
 check. The CLI quiets the whole ``alembic`` tree; an app's log is the app's, so here

@@ -10,7 +10,7 @@ ROLLBACK, and for anything unresolved asks one live producer of the group to run
 (docs/models.md, model B, compares it with the outbox).
 
 The burden is on the app: check-back is only as correct as ``check_local_transaction``.
-``SqlTransactionListener`` (relay.halfop.producer) records each transaction id inside
+``SqlTransactionListener`` (relay.lab.halfop.producer) records each transaction id inside
 the local transaction, which is what makes the answer reliable.
 """
 

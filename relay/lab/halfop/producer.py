@@ -5,7 +5,7 @@ synchronously, retried as RocketMQ retries a failed send (if every attempt fails
 local transaction is NOT run); then the listener's
 ``execute_local_transaction`` runs (an exception or None counts as UNKNOW); then an
 end-transaction request goes out one-way, without waiting for an answer
-(relay.halfop.protocol has the whole protocol).
+(relay.lab.halfop.protocol has the whole protocol).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from outbox.engines import engine_from
 from outbox.errors import ConfigError
 from outbox.message import build_message
 from outbox.table import transaction_record
-from relay.halfop.link import ProducerLink, worth_retrying
-from relay.halfop.protocol import (
+from relay.lab.halfop.link import ProducerLink, worth_retrying
+from relay.lab.halfop.protocol import (
     LocalTransactionState,
     SendResult,
     SendStatus,
@@ -35,7 +35,7 @@ from relay.halfop.protocol import (
     TransactionMessage,
 )
 
-log = logging.getLogger("relay.halfop")
+log = logging.getLogger("relay.lab.halfop")
 
 
 class TransactionProducer:

@@ -1,8 +1,8 @@
 """``BatchReport``: what became of one batch's messages, told to the listeners together.
 
-The fast path (relay.dispatcher) fills one per publish batch; the sweeper
-(relay.sweeper) one per claimed batch, told only once its marks have committed.
-Acks of the fast path are told by the ack batcher (relay.acks) once marked, not here.
+The fast path (relay.fastpath.dispatcher) fills one per publish batch; the sweeper
+(relay.sweep.sweeper) one per claimed batch, told only once its marks have committed.
+Acks of the fast path are told by the ack batcher (relay.fastpath.acks) once marked, not here.
 """
 
 from __future__ import annotations

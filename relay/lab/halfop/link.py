@@ -29,7 +29,7 @@ from nats.js.api import PubAck
 
 from outbox.errors import OutboxError, PayloadTooLarge
 from relay.brokers.nats import DEDUP_HEADER, PERMANENT_ERRORS, too_large
-from relay.halfop.protocol import (
+from relay.lab.halfop.protocol import (
     CHECK_MAX_TOPIC,
     CHECK_SUBJECT,
     COMMIT_OR_ROLLBACK,
@@ -48,7 +48,7 @@ from relay.halfop.protocol import (
 )
 from relay.loop import ConnectionLoop
 
-log = logging.getLogger("relay.halfop")
+log = logging.getLogger("relay.lab.halfop")
 
 STREAMS = {HALF_TOPIC: [HALF_TOPIC], OP_TOPIC: [OP_TOPIC], CHECK_MAX_TOPIC: [CHECK_MAX_TOPIC]}
 

@@ -49,8 +49,8 @@ from nats.js.kv import KeyValue
 
 from outbox.errors import ConfigError
 from relay.brokers.nats import DEDUP_HEADER, too_large
-from relay.halfop.link import ensure_streams
-from relay.halfop.oplog import (
+from relay.lab.halfop.link import ensure_streams
+from relay.lab.halfop.oplog import (
     OP_BATCH,
     BatchReader,
     Op,
@@ -63,7 +63,7 @@ from relay.halfop.oplog import (
     no_real_half,
     op_of,
 )
-from relay.halfop.protocol import (
+from relay.lab.halfop.protocol import (
     BORN_TIMESTAMP,
     CHECK_IMMUNITY_TIME,
     CHECK_MAX_TOPIC,
@@ -85,7 +85,7 @@ from relay.halfop.protocol import (
     LocalTransactionState,
 )
 
-log = logging.getLogger("relay.halfop.coordinator")
+log = logging.getLogger("relay.lab.halfop.coordinator")
 
 OFFSETS_BUCKET = "RMQ_SYS_TRANS_OFFSETS"
 SETTLED_BUCKET = "RMQ_SYS_TRANS_SETTLED"  # msg id -> the state it was settled as

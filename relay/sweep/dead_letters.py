@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from outbox.events import Failed
 from relay.display import safe
 
-log = logging.getLogger("relay.dead_letters")
+log = logging.getLogger("relay.sweep.dead_letters")
 
 BURST = 5  # dead letters told one line each per window
 WINDOW_S = 60.0
