@@ -13,18 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
+# BROKER_SCHEMES, the one table of product broker URL schemes: scheme -> broker family,
+# derived from the registrations (outbox.brokers_registry). Test doubles have no scheme.
+from outbox.brokers_registry import BROKER_SCHEMES as BROKER_SCHEMES
 from outbox.message import Message
-
-# The one table of product broker URL schemes: scheme -> broker family (the adapter module
-# in relay.brokers and the extra that installs its client). Test doubles have no scheme.
-BROKER_SCHEMES = {
-    "nats": "nats",
-    "tls": "nats",
-    "amqp": "rabbitmq",
-    "amqps": "rabbitmq",
-    "redis": "redis",
-    "rediss": "redis",
-}
 
 
 class Outcome(enum.Enum):

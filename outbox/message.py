@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
+from outbox.brokers_registry import strictest_limits
 from outbox.errors import (
     InvalidHeaders,
     InvalidKey,
@@ -25,10 +26,14 @@ from outbox.errors import (
 )
 from outbox.payload import JsonDefault, encode_payload
 
-MAX_TEXT_BYTES = 255  # AMQP's routing key and header names are short strings of 255 bytes
-# JetStream refuses a header block over 65,535 bytes (a 16-bit length); RabbitMQ, which
-# carries all headers in one frame of at most frame_max (128 KiB by default), has room.
-MAX_HEADER_BYTES = 65_535
+# Topics, keys, tags, dedup keys, header names: at most 255 bytes (the table's name columns
+# are 255 wide), or less where a broker takes less. Each broker's own wire limits (AMQP's
+# short strings, JetStream's header block, the header names it reserves) are declared in
+# its registration (relay.brokers.registrations); send() checks the strictest of every
+# registered broker's, loaded once on first use (outbox.brokers_registry.strictest_limits).
+# MAX_HEADER_BYTES, RESERVED_HEADER_PREFIXES and RESERVED_HEADER_NAMES are read from there
+# too (``__getattr__`` below).
+MAX_TEXT_BYTES = 255
 CONTENT_TYPE = "content-type"
 # Headers the relay adds beside the app's own (relay.brokers); they count toward the size.
 KEY_HEADER = "Outbox-Key"
@@ -44,11 +49,9 @@ SEQ_DIGITS = 19  # the widest BIGINT: the size check counts it before the number
 HEADER_LINE_BYTES = 4
 ID_HEADER_NAME_BYTES = 11
 HEADER_BLOCK_BYTES = 12
-# Headers the relay sets itself; an app setting them would break dedup or routing.
-RESERVED_HEADER_PREFIXES = ("nats-", "outbox-")
-# RabbitMQ routes a message to the routing keys in these headers too (sender-selected
-# distribution): through them a message would reach queues its topic does not.
-RESERVED_HEADER_NAMES = frozenset({"cc", "bcc"})
+# Headers the relay sets itself (and, from their registrations, those the brokers reserve);
+# an app setting them would break dedup or routing.
+RELAY_HEADER_PREFIX = "outbox-"
 # RFC 7230 token characters: what nats-py accepts as a header name (BadHeaderError else).
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # Values in error messages: cut short, and safe from a __repr__ that raises.
@@ -303,11 +306,13 @@ def check_cancel_id(msg_id: object) -> str:
 
 
 def check_topic(topic: object) -> str:
-    """NATS subject rules (the strictest broker), in at most 255 bytes (AMQP's routing key)."""
+    """NATS subject rules (the strictest broker), in at most 255 bytes or the brokers'
+    ``max_topic_bytes`` (AMQP's routing key)."""
     if not isinstance(topic, str) or not topic:
         raise InvalidTopic("topic", "must be a non-empty string")
-    if len(topic) > MAX_TEXT_BYTES:
-        _check_text_bytes(InvalidTopic, "topic", topic)
+    limit = _at_most(strictest_limits().max_topic_bytes)
+    if len(topic) > limit:
+        _check_text_bytes(InvalidTopic, "topic", topic, limit=limit)
     # isprintable() is False for every whitespace character but the ASCII space.
     if " " in topic or not topic.isprintable():
         raise InvalidTopic(
@@ -324,7 +329,7 @@ def check_topic(topic: object) -> str:
         raise InvalidTopic(
             "topic", f"must not start with '$' or '_INBOX': NATS reserves them: {shown(topic)}"
         )
-    _check_text_bytes(InvalidTopic, "topic", topic)
+    _check_text_bytes(InvalidTopic, "topic", topic, limit=limit)
     return topic
 
 
@@ -395,7 +400,10 @@ def check_headers(headers: object) -> dict[str, str]:
             )
         _check_header_value(InvalidHeaders, "headers", value, f"value of {shown(name)}")
         if lowered == CONTENT_TYPE:  # AMQP's content_type property is a short string
-            _check_text_bytes(InvalidHeaders, "headers", value, f"for the value of {shown(name)}")
+            _check_text_bytes(
+                InvalidHeaders, "headers", value, f"for the value of {shown(name)}",
+                limit=_at_most(strictest_limits().max_content_type_bytes),
+            )  # fmt: skip
         checked[name] = value
     return checked
 
@@ -404,14 +412,20 @@ def check_header_name(name: object) -> str:
     """The name in lower case, once it is one an app may set."""
     if not isinstance(name, str) or not name:
         raise InvalidHeaders("headers", f"names must be non-empty strings, got {shown(name)}")
-    if len(name) > MAX_TEXT_BYTES or not HEADER_NAME.fullmatch(name):
+    wire = strictest_limits()
+    limit = _at_most(wire.max_header_name_bytes)
+    if len(name) > limit or not HEADER_NAME.fullmatch(name):
         raise InvalidHeaders(
             "headers",
-            f"name must be 1 to {MAX_TEXT_BYTES} of the ASCII letters, digits and "
+            f"name must be 1 to {limit} of the ASCII letters, digits and "
             f"!#$%&'*+-.^_`|~ (an HTTP token; no ':', spaces or controls): {shown(name)}",
         )
     lowered = name.lower()
-    if lowered.startswith(RESERVED_HEADER_PREFIXES) or lowered in RESERVED_HEADER_NAMES:
+    if (
+        lowered.startswith(RELAY_HEADER_PREFIX)
+        or lowered.startswith(wire.reserved_header_prefixes)
+        or lowered in wire.reserved_header_names
+    ):
         raise InvalidHeaders("headers", f"name {shown(name)} is reserved by the relay or a broker")
     return lowered
 
@@ -435,33 +449,41 @@ def _check_no_control_chars(
 
 
 def _check_text_bytes(
-    error: type[InvalidMessage], field_name: str, text: str, how: str = ""
+    error: type[InvalidMessage],
+    field_name: str,
+    text: str,
+    how: str = "",
+    limit: int = MAX_TEXT_BYTES,
 ) -> None:
-    """Valid UTF-8 of at most ``MAX_TEXT_BYTES``; ``how`` says what was measured."""
+    """Valid UTF-8 of at most ``limit`` bytes; ``how`` says what was measured."""
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
         raise error(field_name, "must be valid Unicode text (no lone surrogates)") from None
-    if size > MAX_TEXT_BYTES:
+    if size > limit:
         raise error(
             field_name,
-            f"must be at most {MAX_TEXT_BYTES} bytes in UTF-8{' ' + how if how else ''}, "
-            f"got {size}",
+            f"must be at most {limit} bytes in UTF-8{' ' + how if how else ''}, got {size}",
         )
 
 
+def _at_most(broker_limit: int | None) -> int:
+    """``MAX_TEXT_BYTES``, or a broker's lower limit."""
+    return MAX_TEXT_BYTES if broker_limit is None else min(broker_limit, MAX_TEXT_BYTES)
+
+
 def check_size(message: Message, max_payload_bytes: int) -> None:
-    """The headers, as the relay sends them, fit ``MAX_HEADER_BYTES``, and with the payload
-    ``max_payload_bytes``.
+    """The headers, as the relay sends them, fit the brokers' ``max_header_bytes``
+    (JetStream's), and with the payload ``max_payload_bytes``.
 
     The default of 1 MiB is nats-server's default ``max_payload``, which counts the
     header block too: what ``send()`` accepts then fits the broker.
     """
     headers = headers_size(message)
-    if headers > MAX_HEADER_BYTES:
+    most = strictest_limits().max_header_bytes
+    if most is not None and headers > most:
         raise InvalidHeaders(
-            "headers",
-            f"must be at most {MAX_HEADER_BYTES} bytes in all once encoded, got {headers}",
+            "headers", f"must be at most {most} bytes in all once encoded, got {headers}"
         )
     size = len(message.payload) + headers
     if size > max_payload_bytes:
@@ -510,6 +532,17 @@ def uncarried(headers: Mapping[str, str]) -> tuple[dict[str, str], str | None, s
     key = app_headers.pop(KEY_HEADER, None)
     tags = app_headers.pop(TAGS_HEADER, None)
     return app_headers, key, tags
+
+
+def __getattr__(name: str) -> int | tuple[str, ...] | frozenset[str] | None:
+    """The brokers' limits by their former names here (read from their registrations)."""
+    if name == "MAX_HEADER_BYTES":
+        return strictest_limits().max_header_bytes
+    if name == "RESERVED_HEADER_PREFIXES":
+        return (*strictest_limits().reserved_header_prefixes, RELAY_HEADER_PREFIX)
+    if name == "RESERVED_HEADER_NAMES":
+        return strictest_limits().reserved_header_names
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 _uuid_lock = threading.Lock()

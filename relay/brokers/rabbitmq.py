@@ -58,9 +58,10 @@ from relay.brokers.base import (
     unreachable,
     utc,
 )
+from relay.brokers.registrations import AMQP_SHORTSTR_BYTES
 
 DEFAULT_EXCHANGE = "amq.topic"
-MAX_ROUTING_KEY_BYTES = 255  # AMQP 0-9-1 shortstr
+MAX_ROUTING_KEY_BYTES = AMQP_SHORTSTR_BYTES  # its registration's max_topic_bytes
 PREFETCH = 1_000  # a log read's unacked deliveries in flight (AMQP caps it at 65535)
 MARKER_TYPE = "outbox.export-marker"
 

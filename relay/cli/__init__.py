@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from outbox.brokers_registry import client_extras, derived
 from outbox.engines import check_broker_url, check_db_url
 from outbox.errors import ConfigError, OutboxError
 from outbox.secrets import mask_url, scrub
@@ -49,12 +50,10 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     name: handler for group in GROUPS for name, handler in group.COMMANDS.items()
 }
 URL_FLAGS = ("db", "broker", "ledger")  # flags whose secrets are scrubbed from every line
-# The optional dependencies a command may import, and the extra (pyproject.toml) of each.
-EXTRA_OF = {
-    "nats": "nats",
-    "aio_pika": "rabbitmq",
-    "aiormq": "rabbitmq",
-    "redis": "redis",
+# The optional dependencies a command may import, and the extra (pyproject.toml) of each:
+# the brokers' clients as their registrations name them (outbox.brokers_registry), and
+# these.
+OTHER_EXTRAS = {
     "pyspark": "spark",
     "pyarrow": "spark",
     "prometheus_client": "metrics",
@@ -72,6 +71,7 @@ EXTRA_OF = {
     "multipart": "dashboard",
     "python_multipart": "dashboard",
 }
+EXTRA_OF = derived(lambda brokers: {**client_extras(brokers), **OTHER_EXTRAS})
 
 
 def build_parser() -> argparse.ArgumentParser:

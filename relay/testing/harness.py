@@ -3,10 +3,14 @@ broker (or in memory), published to through the adapter and read back through it
 ``LogReader``, cleaned up afterwards. One suite runs against every kind, as river's
 ``riverdrivertest.Exercise`` runs one suite against every driver.
 
-Kinds: ``nats`` (a stream of its own on a ``NatsServer``: the one given, else a new
+Kinds: every registered broker family (``outbox.brokers_registry``), each set up by the
+harness factory its registration names, and ``memory`` (a ``MemoryBroker``). The
+product's: ``nats`` (a stream of its own on a ``NatsServer``: the one given, else a new
 one), ``rabbitmq`` and ``redis`` (the running servers, with a stream queue or keys of
-their own), ``memory`` (a ``MemoryBroker``). Every topic ``<prefix>.<anything>`` is
-captured and read back.
+their own). Every topic ``<prefix>.<anything>`` is captured and read back.
+
+A harness factory takes the test's prefix and the ``HarnessOptions`` and yields one
+``BrokerUnderTest``, cleaning up after it (``nats_under_test`` below is one).
 
 Example::
 
@@ -26,12 +30,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from outbox.broker import Broker, LogEntry, LogReader, permanent
+from outbox.brokers_registry import registrations, resolve
 from outbox.message import Message, build_message
 from relay.testing.embedded import NatsServer
 from relay.testing.faults import TcpProxy
 from relay.testing.memory import MemoryBroker
 
-KINDS = ("nats", "rabbitmq", "redis", "memory")
+MEMORY = "memory"
 AMQP_PORT = int(os.environ.get("OUTBOX_TEST_RABBIT_PORT", "5672"))
 REDIS_PORT = int(os.environ.get("OUTBOX_TEST_REDIS_PORT", "6379"))
 
@@ -72,6 +77,25 @@ class BrokerUnderTest:
         return asyncio.run(self.read_async(topic))
 
 
+@dataclass(frozen=True)
+class HarnessOptions:
+    """What a test asks of its broker beside the kind."""
+
+    nats_server: NatsServer | None = None  # NATS: this server, not a new one of its own
+    restartable: bool = False  # ``server`` can stop() and start() the broker
+
+
+def kinds() -> tuple[str, ...]:
+    """Every kind the harness sets up: the registered brokers that name a harness, and
+    memory."""
+    return (*(f for f, r in registrations().items() if r.harness is not None), MEMORY)
+
+
+def broker_families() -> list[str]:
+    """The registered brokers the harness sets up, memory left out (a real broker each)."""
+    return [kind for kind in kinds() if kind != MEMORY]
+
+
 @contextlib.contextmanager
 def broker_under_test(
     kind: str, *, nats_server: NatsServer | None = None, restartable: bool = False
@@ -79,25 +103,46 @@ def broker_under_test(
     """A broker of ``kind`` for a block. ``restartable``: RabbitMQ and Redis are reached
     through a ``TcpProxy`` that ``server.stop()`` cuts (NATS restarts its own server)."""
     prefix = f"h{uuid.uuid4().hex[:10]}"
-    if kind == "nats":
-        if nats_server is not None:
-            yield from _nats(nats_server, prefix)
-        else:
-            with NatsServer() as server:
-                yield from _nats(server, prefix)
-    elif kind in ("rabbitmq", "redis"):
-        port = AMQP_PORT if kind == "rabbitmq" else REDIS_PORT
-        proxy = TcpProxy(port).start() if restartable else None
-        try:
-            reach = proxy.port if proxy is not None else port
-            yield from (_rabbit if kind == "rabbitmq" else _redis)(prefix, port, reach, proxy)
-        finally:
-            if proxy is not None:
-                proxy.stop()
-    elif kind == "memory":
+    if kind == MEMORY:
         yield _memory(prefix)
+        return
+    registration = registrations().get(kind)
+    if registration is None or registration.harness is None:
+        raise ValueError(f"kind must be one of {', '.join(kinds())}, got {kind!r}")
+    factory = resolve(registration.harness)
+    yield from factory(prefix, HarnessOptions(nats_server, restartable))
+
+
+def nats_under_test(prefix: str, options: HarnessOptions) -> Iterator[BrokerUnderTest]:
+    """The NATS harness: a stream of the test's own on the server given, else a new one."""
+    if options.nats_server is not None:
+        yield from _nats(options.nats_server, prefix)
     else:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        with NatsServer() as server:
+            yield from _nats(server, prefix)
+
+
+def rabbitmq_under_test(prefix: str, options: HarnessOptions) -> Iterator[BrokerUnderTest]:
+    """The RabbitMQ harness: the running server, a stream queue of the test's own."""
+    with _reached(AMQP_PORT, options.restartable) as (reach, proxy):
+        yield from _rabbit(prefix, AMQP_PORT, reach, proxy)
+
+
+def redis_under_test(prefix: str, options: HarnessOptions) -> Iterator[BrokerUnderTest]:
+    """The Redis harness: the running server, keys of the test's own."""
+    with _reached(REDIS_PORT, options.restartable) as (reach, proxy):
+        yield from _redis(prefix, REDIS_PORT, reach, proxy)
+
+
+@contextlib.contextmanager
+def _reached(port: int, restartable: bool) -> Iterator[tuple[int, TcpProxy | None]]:
+    """The port to reach a running server at: its own, or a ``TcpProxy``'s to cut."""
+    proxy = TcpProxy(port).start() if restartable else None
+    try:
+        yield (proxy.port if proxy is not None else port), proxy
+    finally:
+        if proxy is not None:
+            proxy.stop()
 
 
 def _nats(server: NatsServer, prefix: str) -> Iterator[BrokerUnderTest]:

@@ -18,7 +18,7 @@ import pytest
 
 from outbox.broker import Broker, Outcome
 from outbox.message import Message, build_message
-from relay.testing.harness import BrokerUnderTest, broker_under_test
+from relay.testing.harness import BrokerUnderTest, broker_families, broker_under_test, kinds
 
 
 def held(h: BrokerUnderTest, topic: str) -> list[dict[str, Any]]:
@@ -29,13 +29,13 @@ def held(h: BrokerUnderTest, topic: str) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.fixture(params=["nats", "redis", "rabbitmq", "memory"])
+@pytest.fixture(params=kinds())  # every registered broker (outbox.brokers_registry), memory
 def harness(request: pytest.FixtureRequest) -> Iterator[BrokerUnderTest]:
     with broker_under_test(request.param) as h:
         yield h
 
 
-@pytest.fixture(params=["nats", "redis", "rabbitmq"])
+@pytest.fixture(params=broker_families())
 def restartable(request: pytest.FixtureRequest) -> Iterator[BrokerUnderTest]:
     with broker_under_test(request.param, restartable=True) as h:
         yield h
