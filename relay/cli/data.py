@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from relay.brokers import family_of, reader_for
+from relay.brokers import LOG_SOURCE_FLAGS, family_of, reader_for
 from relay.cli.common import EXIT_OK, Commands, UsageError, add_db_flag, required
 from relay.cli.progress import counting
 from spark_jobs import reconcile_job
@@ -157,7 +157,7 @@ def export_broker(
 
     url = required(args.broker, "--broker", "a broker export (or set OUTBOX_BROKER)")
     names = [*(args.streams or []), *([args.queue] if args.queue else [])]
-    if args.queue and family_of(url) != "rabbitmq":
+    if args.queue and "--queue" not in LOG_SOURCE_FLAGS[family_of(url)]:  # amqp:// only
         raise UsageError("--queue: for an amqp:// broker; name streams with --stream")
     topics = args.topics or ()
     reader = reader_for(url)
