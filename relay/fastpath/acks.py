@@ -1,4 +1,4 @@
-"""Group commit for broker acknowledgements: many acks, one statement.
+"""Group commit for broker acknowledgements: many acks, one statement (relay.fastpath.marking).
 
 An ack waits at most ``flush_ms`` (or until ``batch_size`` acks are waiting) before
 its row is marked; then the listeners hear ``published``. If marking fails the row
@@ -16,8 +16,10 @@ from collections.abc import Callable, Sequence
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from outbox.dialects import dialect_for
 from outbox.events import Sent, Stats
 from relay import store
+from relay.fastpath import marking
 from relay.fastpath.stats import Slots
 from relay.listener import Listeners
 from relay.outage import Outage
@@ -41,7 +43,7 @@ def one_statement(engine: Engine) -> Engine:
     The drivers switch autocommit there without a round trip; MySQL's would send a
     SET each way, so other databases keep the transaction.
     """
-    if engine.dialect.name != "postgresql":
+    if not dialect_for(engine).free_autocommit:
         return engine
     return engine.execution_options(isolation_level="AUTOCOMMIT")
 
@@ -51,7 +53,7 @@ def sql_finisher(engine: Engine, mode: str) -> Finish:
 
     def finish(acks: Sequence[tuple[str, str]]) -> int:
         with engine.begin() as conn:
-            return store.finish(conn, acks, mode)
+            return marking.write(conn, acks, mode)
 
     return finish
 
@@ -222,7 +224,7 @@ class AckBatcher(Lifecycle):
             log.debug("broker loop closed; %s not run", fn.__name__)
 
     def _write(self, batch: list[Sent]) -> None:
-        acks = [(sent.msg_id, sent.receipt) for sent in batch]
+        acks = marking.acks_of(batch)
         for delay in RETRY_DELAYS_S:
             if delay:
                 time.sleep(delay)  # this thread's own pause: the loop goes on publishing

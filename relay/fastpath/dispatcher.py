@@ -28,7 +28,11 @@ per (topic, key) (relay.fastpath.lanes). What a lane guarantees:
 - memory stays bounded: followers hold their slots like any message (``queue_size``),
   and the last acked seq is kept for at most ``relay.fastpath.lanes.ACKED_KEYS`` keys.
 
-Unordered messages never enter a lane: they cost one branch more than before.
+Unordered messages never enter a lane: they cost one branch more than before. The
+ordering policy (``relay.fastpath.lanes.OrderedLanes``) is called at a few named points:
+admitting what was submitted, an ack, a delivery leaving, a retry, a head that must wait.
+What the table must confirm before a delivery goes is its ``look`` (relay.fastpath.delivery),
+asked by ``relay.fastpath.checks``.
 """
 
 from __future__ import annotations
@@ -36,11 +40,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from outbox.broker import Outcome, PublishResult, retry
 from outbox.events import Failed, RelayListener, Sent, Stats
@@ -50,24 +51,19 @@ from outbox.tracing import publish_span
 from relay.brokers.base import publish_isolated
 from relay.fastpath.acks import AckBatcher, Finish, Heads, Verify
 from relay.fastpath.batches import BatchReport
-from relay.fastpath.lanes import ACKED_KEYS, Lanes
+from relay.fastpath.checks import Checks
+from relay.fastpath.delivery import Delivery, Look
+from relay.fastpath.inbox import Inbox
+from relay.fastpath.lanes import ACKED_KEYS, OrderedLanes
 from relay.fastpath.stats import Slots
-from relay.fastpath.timewheel import TimeWheel
+from relay.fastpath.timewheel import Ticker, TimeWheel
 from relay.listener import Listeners
 from relay.loop import BrokerLoop
 from relay.part import START_TIMEOUT_S, Lifecycle
 
 log = logging.getLogger("relay.fastpath.dispatcher")
 
-
-@dataclass(slots=True)
-class Delivery:
-    message: Message
-    committed: float  # clock() at commit: the start of commit->ack latency
-    attempt: int = 0  # index into retry_delays_ms of the attempt being made
-    check: bool = True  # re-read the row before publishing
-    head: bool = False  # an ordered lane's head whose turn the table must confirm
-    waits: int = 0  # times it waited for its key: index into retry_delays_ms like attempt
+__all__ = ["Delivery", "Dispatcher"]
 
 
 class Dispatcher(Lifecycle):
@@ -100,13 +96,9 @@ class Dispatcher(Lifecycle):
         self._finish = finish
         self._verify = verify
         self._heads = heads
-        self._count_lock = threading.Lock()
-        self._accepting = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._inbox: list[Delivery] = []  # submitted, not yet taken by the loop
-        self._woken = False  # a _take_inbox is scheduled on the loop
-
-    # -- app threads --------------------------------------------------------------
+        self._ordering = OrderedLanes(self.acked_keys, heads is not None, verify is not None)
+        self._lanes = self._ordering.lanes
+        self._inbox = Inbox(self._slots, self.stats, self.listeners, clock)
 
     def submit(self, messages: Sequence[Message], check: bool = True) -> int:
         """Queue committed messages for publishing; returns how many were taken.
@@ -116,26 +108,8 @@ class Dispatcher(Lifecycle):
         ``check``: re-read the rows before publishing (the commit could not be proven
         by the app side).
         """
-        loop = self._loop
-        now = self._clock()
-        check = check and self._verify is not None
-        with self._count_lock:
-            live = self._accepting and loop is not None
-            taken = len(messages) if live and self._slots.take(len(messages)) else 0
-            full = taken == 0 and self._accepting
-            if full:
-                self.stats.queue_full += len(messages)
-            if taken:
-                self._inbox.extend(Delivery(m, now, check=check) for m in messages)
-                wake, self._woken = not self._woken, True
-        if full:
-            self.listeners.left_for_sweeper([m.msg_id for m in messages], "queue_full")
-        if taken == 0:
-            return 0
-        if wake:  # one wake-up for all the commits that arrive before the loop takes them
-            assert loop is not None
-            loop.call_soon_threadsafe(self._take_inbox)
-        return taken
+        look = Look.COMMIT if check and self._verify is not None else Look.NONE
+        return self._inbox.submit(messages, look)
 
     def _start(self) -> None:
         """Set up on the broker loop (started already: the owner's job)."""
@@ -147,8 +121,7 @@ class Dispatcher(Lifecycle):
 
         What is still queued or waiting for a retry stays in the table for the sweeper.
         """
-        with self._count_lock:
-            self._accepting = False
+        self._inbox.close()
         deadline = time.monotonic() + timeout
         finished = False
         try:
@@ -157,91 +130,39 @@ class Dispatcher(Lifecycle):
             log.warning("stop: the broker loop did not answer in time")
         # The acks were closed by _shutdown already, unless the loop did not answer.
         acks_ended = self._acks.stop(max(0.0, deadline - time.monotonic()))
-        if left := [d.message.msg_id for d in self._take_inbox_now()]:  # the loop did not answer
-            self._slots.free(len(left))
-            self.stats.dropped_at_stop += len(left)
-            self.listeners.left_for_sweeper(left, "stopped")
-        self._loop = None
+        self._inbox.drop()  # what is left in it: the loop did not answer
         return finished and acks_ended
-
-    # -- on the broker loop ----------------------------------------------------------
 
     async def _setup(self) -> None:
         self._queue: collections.deque[Delivery] = collections.deque()
         self._in_flight = 0
         self._checking = False  # a SELECT of rows to publish is running
-        self._wheel_busy = asyncio.Event()
         self._publishing: set[asyncio.Task[None]] = set()
         self._stopping = False
-        self._lanes: Lanes[Delivery] = Lanes(self.acked_keys)
-        self._wheel: TimeWheel[Delivery] = TimeWheel(
-            self.settings.tick_ms, max(self.settings.retry_delays_ms), self._clock
-        )
-        self._acks = AckBatcher(
-            self._finish,
-            self.stats,
-            self.settings.ack_batch_size,
-            self.settings.ack_flush_ms,
-            self.listeners,
-            self._slots,
-        )
+        settings = self.settings
+        wheel = TimeWheel[Delivery](settings.tick_ms, max(settings.retry_delays_ms), self._clock)
+        self._wheel = Ticker(wheel, self._due)
+        self._acks = AckBatcher(self._finish, self.stats, settings.ack_batch_size,
+                                settings.ack_flush_ms, self.listeners, self._slots)  # fmt: skip
         self._acks.start()
-        self._verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-verify")
-        self._ticker = asyncio.create_task(self._tick())
-        self._loop = asyncio.get_running_loop()
-        with self._count_lock:
-            self._accepting = True
+        self._checks = Checks(self._verify, self._heads)
+        self._inbox.open(asyncio.get_running_loop(), self._take_inbox)
 
     def _take_inbox(self) -> None:
-        if deliveries := self._take_inbox_now():  # empty when _shutdown took them first
+        if deliveries := self._inbox.take():  # empty when _shutdown took them first
             self._enqueue(deliveries)
-
-    def _take_inbox_now(self) -> list[Delivery]:
-        """What was submitted, with its wake-up done or still on its way (any thread)."""
-        with self._count_lock:
-            deliveries, self._inbox, self._woken = self._inbox, [], False
-        return deliveries
 
     def _enqueue(self, deliveries: list[Delivery]) -> None:
         if self._stopping:  # raced with stop(): the rows stay for the sweeper
             self._stopped(deliveries)
             return
         self.stats.accepted += len(deliveries)
-        queue, lanes = self._queue, self._lanes
-        held_back: list[Delivery] = []
-        for delivery in deliveries:
-            if delivery.message.seq is None:
-                queue.append(delivery)
-            elif self._lane_full(delivery):
-                held_back.append(delivery)
-            elif lanes.arrive(delivery):  # its lane's head: its turn may come now
-                queue.append(self._turn(delivery))
-        if held_back:
-            self._behind_failing(held_back)
+        if behind := self._ordering.admit(deliveries, self._queue, self.lane_limit):
+            # Their key's head is failing (or its lane is full): left in the table behind it.
+            self.stats.behind_head += len(behind)
+            self._slots.free(len(behind))
+            self.listeners.left_for_sweeper([d.message.msg_id for d in behind], "behind_head")
         self._dispatch()
-
-    def _lane_full(self, delivery: Delivery) -> bool:
-        """Whether ``delivery``'s key takes no more into memory: its head's publish failed
-        (it retries from the time wheel), or its head waits for another process's row and
-        ``lane_limit`` wait behind it already. A key that does not move must not fill the
-        slots every other key and unordered message share; one that moves takes what comes."""
-        head, waiting = self._lanes.ahead(delivery.message)
-        if head is None:
-            return False
-        return head.attempt > 0 or (head.waits > 0 and waiting >= self.lane_limit)
-
-    def _behind_failing(self, deliveries: list[Delivery]) -> None:
-        """Leave ``deliveries`` to the sweeper: their key's head is failing (or its lane is
-        full); they wait in the table, in order, behind it."""
-        self.stats.behind_head += len(deliveries)
-        self._slots.free(len(deliveries))
-        self.listeners.left_for_sweeper([d.message.msg_id for d in deliveries], "behind_head")
-
-    def _turn(self, delivery: Delivery) -> Delivery:
-        """``delivery`` became its lane's head: look at the table unless its predecessor
-        was acked by this process."""
-        delivery.head = self._heads is not None and not self._lanes.follows_ack(delivery.message)
-        return delivery
 
     def _dispatch(self) -> None:
         """Start publishing what is queued, as far as the in-flight limit allows.
@@ -256,7 +177,7 @@ class Dispatcher(Lifecycle):
             if not batch:
                 continue
             self._in_flight += len(batch)
-            self._checking = any(d.check or d.head for d in batch)
+            self._checking = any(d.look for d in batch)
             task = asyncio.get_running_loop().create_task(self._publish(batch))
             self._publishing.add(task)
             task.add_done_callback(self._publishing.discard)
@@ -318,98 +239,56 @@ class Dispatcher(Lifecycle):
         report.tell(self.listeners, "fast")
 
     async def _committed_only(self, batch: list[Delivery], report: BatchReport) -> list[Delivery]:
-        """Keep the deliveries whose rows are visible and pending, and whose key's turn
-        it is; the others wait in the time wheel.
-
-        Only deliveries marked ``check`` are looked up. A row not visible yet belongs
-        to a transaction that has not really committed (or never will): it goes to the
-        time wheel like a failed publish; if it does commit later, a retry or the
-        sweeper takes it. Ordered heads marked ``head`` are checked after that, by a
-        statement of their own (a newer snapshot): one whose key has an earlier row
-        pending or dead waits for it (``_wait_for_key``).
-        """
-        to_check = [d for d in batch if d.check or d.head]
-        if not to_check:
-            return batch
-        loop = asyncio.get_running_loop()
+        """Keep the deliveries the table confirms (relay.fastpath.checks); a row not visible
+        retries like a failed publish, a head whose key is blocked waits for its turn."""
         try:
-            found, blocked = await loop.run_in_executor(self._verifier, self._look, to_check)
-        except Exception as exc:
-            log.warning("verifying %d message(s) failed: %s", len(to_check), exc.__class__.__name__)
-            found, blocked = set(), {(d.message.topic, d.message.key or "") for d in to_check}
+            checked = await self._checks.sort(batch)
         finally:
             self._checking = False
             if not self._stopping:
                 self._dispatch()  # check what arrived meanwhile while this batch publishes
         now = self._clock()
-        kept: list[Delivery] = []
-        for delivery in batch:
-            message = delivery.message
-            if delivery.check and message.msg_id not in found:
+        for delivery in checked.held:
+            if delivery.look & Look.COMMIT:
                 self.stats.not_visible += 1
                 not_visible = retry("row not visible: transaction not committed")
                 self._settle(delivery, not_visible, now, report)
-                continue
-            delivery.check = False  # seen committed once: retries need no new look
-            if delivery.head and (message.topic, message.key) in blocked:
+            else:
                 self._wait_for_key(delivery, report)
-                continue
-            delivery.head = False  # its predecessors are settled: retries need no new look
-            kept.append(delivery)
-        return kept
-
-    def _look(self, to_check: list[Delivery]) -> tuple[set[str], set[tuple[str, str]]]:
-        """On the verifier's thread: the commit check, then the head check (if any)."""
-        ids = [d.message.msg_id for d in to_check if d.check]
-        found = self._verify(ids) if ids and self._verify is not None else set()
-        heads = [
-            (d.message.topic, d.message.key or "", d.message.seq or 0)
-            for d in to_check
-            if d.head and (not d.check or d.message.msg_id in found)
-        ]
-        blocked = self._heads(heads) if heads and self._heads is not None else set()
-        return found, blocked
+        return checked.kept
 
     def _wait_for_key(self, delivery: Delivery, report: BatchReport) -> None:
         """An earlier row of its key is not settled: try again later, on the retry
         schedule, unless a lower seq of its lane arrived meanwhile (that one goes first)."""
         self.stats.key_waits += 1
         delivery.waits += 1
+        if self._stopping or delivery.waits >= len(self.settings.retry_delays_ms):
+            self._give_up(delivery, report)
+        elif lower := self._ordering.step_back(delivery):
+            self._queue.append(lower)
+        else:
+            self._wheel.schedule(delivery, self.settings.retry_delays_ms[delivery.waits])
+
+    def _give_up(self, delivery: Delivery, report: BatchReport) -> None:
+        """``delivery`` leaves the fast path at stop, or with its retry schedule spent."""
         if self._stopping:
             self.stats.dropped_at_stop += 1
             report.stopped.append(delivery.message.msg_id)
-            self._leave_lane(delivery, report)
-        elif delivery.waits >= len(self.settings.retry_delays_ms):
+        else:
             self.stats.exhausted += 1
             report.exhausted.append(delivery.message.msg_id)
-            self._leave_lane(delivery, report)
-        elif lower := self._lanes.yield_to_lower(delivery):
-            self._queue.append(self._turn(lower))
-        else:
-            self._wheel.schedule(delivery, self.settings.retry_delays_ms[delivery.waits])
-            self._wheel_busy.set()
+        self._leave_lane(delivery, report)
 
     def _leave_lane(self, delivery: Delivery, report: BatchReport) -> None:
         """``delivery`` leaves the fast path: if it heads a lane, its followers go too."""
-        if delivery.message.seq is None:
-            return
-        if behind := self._lanes.drop(delivery):
+        if behind := self._ordering.leave(delivery):
             self.stats.behind_head += len(behind)
             report.behind += [d.message.msg_id for d in behind]
-
-    def _next_in_lane(self, delivery: Delivery) -> None:
-        """``delivery`` was acked: its lane's next one may go now."""
-        if (head := self._lanes.acked(delivery)) is None:
-            return
-        if self._stopping:
-            self._stopped([head])
-        else:
-            self._queue.append(self._turn(head))
 
     def depths(self) -> tuple[int, int]:
         """(messages in msgQueue or waiting in a lane, messages in the time wheel), for
         metrics; any thread."""
-        return len(self._queue) + self._lanes.waiting, len(self._wheel)
+        return len(self._queue) + self._ordering.waiting, len(self._wheel)
 
     def held(self) -> int:
         """Messages the fast path holds now, wherever they wait: at most ``queue_size``."""
@@ -425,8 +304,10 @@ class Dispatcher(Lifecycle):
             self.stats.first_attempt += delivery.attempt == 0
             self.stats.duplicates += result.duplicate
             self.stats.latencies.append(latency)
-            if message.seq is not None:
-                self._next_in_lane(delivery)
+            if (head := self._ordering.acked(delivery)) and self._stopping:
+                self._stopped([head])
+            elif head:  # its lane's next may go now
+                self._queue.append(head)
             if self._acks.add(Sent(message.msg_id, message.topic, result.receipt or "", latency)):
                 return
             # Acked after stop() closed the acks thread: nobody marks it; the sweeper will.
@@ -439,43 +320,28 @@ class Dispatcher(Lifecycle):
             report.rejected.append(failed)
             log.warning("%s rejected by the broker: %s", message.msg_id, result.error)
             self._leave_lane(delivery, report)
-        elif self._stopping:
-            self.stats.dropped_at_stop += 1
-            report.stopped.append(message.msg_id)
-            self._leave_lane(delivery, report)
-        elif delivery.attempt + 1 >= len(self.settings.retry_delays_ms):
-            self.stats.exhausted += 1
-            report.exhausted.append(message.msg_id)
-            self._leave_lane(delivery, report)
+        elif self._stopping or delivery.attempt + 1 >= len(self.settings.retry_delays_ms):
+            self._give_up(delivery, report)
         else:
             delivery.attempt += 1
-            # An operator may skip a failing ordered head (`outbox skip`): its retry looks
-            # whether the row is still pending, or its key's next could overtake it.
-            if message.seq is not None and self._verify is not None:
-                delivery.check = True
+            self._ordering.retrying(delivery)
             self.stats.retried += 1
             report.retried.append(failed)
             self._wheel.schedule(delivery, self.settings.retry_delays_ms[delivery.attempt])
-            self._wheel_busy.set()
 
-    async def _tick(self) -> None:
-        while True:
-            if not self._wheel:
-                self._wheel_busy.clear()
-                await self._wheel_busy.wait()
-                continue
-            await asyncio.sleep(self._wheel.next_due_in())
-            due = self._wheel.advance()
-            if due and self._stopping:  # none by construction: _shutdown emptied the wheel
-                self._stopped(due)
-            elif due:
-                self._queue.extend(due)
-                self._dispatch()
+    def _due(self, due: list[Delivery]) -> None:
+        """Their retry (or their look at their key) is due: from the time wheel's task."""
+        if self._stopping:  # none by construction: _shutdown emptied the wheel
+            self._stopped(due)
+        else:
+            self._queue.extend(due)
+            self._dispatch()
 
     async def _shutdown(self, deadline: float) -> bool:
         """True when the publishes and acks in flight finished before ``deadline``."""
         self._stopping = True
-        left = [*self._take_inbox_now(), *self._queue, *self._wheel.clear(), *self._lanes.clear()]
+        left = [*self._inbox.take(), *self._queue, *self._wheel.clear()]
+        left += self._ordering.clear()
         self._queue.clear()
         self._stopped(left)
         try:
@@ -487,9 +353,9 @@ class Dispatcher(Lifecycle):
             )
             return False
         finally:
-            self._ticker.cancel()
+            self._wheel.cancel()
             self._acks.close()
-            self._verifier.shutdown(wait=False, cancel_futures=True)
+            self._checks.shutdown()
 
     async def _finish_in_flight(self) -> None:
         while self._publishing:

@@ -12,6 +12,9 @@ last seq this process got an ack for: a head whose predecessor is that one needs
 look at the table. A dropped key is forgotten: the sweeper takes it over.
 
 Only the broker loop touches a ``Lanes``; ``waiting`` is read from any thread (metrics).
+
+``OrderedLanes`` is the dispatcher's ordering policy over them: what goes now, what
+waits, what leaves with a head that leaves.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import itertools
 from typing import Generic, Protocol, TypeVar
 
 from outbox.message import Message
+from relay.fastpath.delivery import Delivery, Look
 
 ACKED_KEYS = 100_000  # keys whose last acked seq is remembered, most recently acked first
 
@@ -149,3 +153,88 @@ class Lanes(Generic[D]):
     def _pop(self, lane: Lane[D]) -> D:
         self.waiting -= 1
         return heapq.heappop(lane.behind)[2]
+
+
+class OrderedLanes:
+    """The fast path's ordering policy, called at a few named points of the dispatcher.
+
+    Unordered deliveries pass it untouched; an ordered one goes through its key's lane
+    (``Lanes``). ``admit`` says what may be published now; ``acked`` gives the key's next
+    head once its head is acked; ``leave`` lets a head go with its followers;
+    ``step_back`` lets a waiting head yield to a lower seq; ``retrying`` marks a failed
+    head for a new look at the table. A head whose turn the table must confirm carries
+    ``Look.TURN`` (``heads``: there is a table to ask; ``verify``: retries re-read the row).
+    """
+
+    def __init__(self, remembered: int, heads: bool, verify: bool) -> None:
+        self.lanes: Lanes[Delivery] = Lanes(remembered)
+        self._heads = heads
+        self._verify = verify
+
+    @property
+    def waiting(self) -> int:
+        return self.lanes.waiting
+
+    def admit(
+        self, deliveries: list[Delivery], ready: collections.deque[Delivery], limit: int
+    ) -> list[Delivery]:
+        """Put on ``ready`` what may be published now (unordered ones, new heads); the
+        others wait in their lane, or are returned: their key takes no more into memory
+        (``limit``: how many may wait behind a head)."""
+        held_back: list[Delivery] = []
+        for delivery in deliveries:
+            if delivery.message.seq is None:
+                ready.append(delivery)
+            elif self._full(delivery, limit):
+                held_back.append(delivery)
+            elif self.lanes.arrive(delivery):  # its lane's head: its turn may come now
+                ready.append(self._turn(delivery))
+        return held_back
+
+    def acked(self, delivery: Delivery) -> Delivery | None:
+        """``delivery`` was acked: its lane's next head, if any, may go now."""
+        if delivery.message.seq is None:
+            return None
+        head = self.lanes.acked(delivery)
+        return None if head is None else self._turn(head)
+
+    def leave(self, delivery: Delivery) -> list[Delivery]:
+        """``delivery`` leaves the fast path: if it heads a lane, its followers go too."""
+        if delivery.message.seq is None:
+            return []
+        return self.lanes.drop(delivery)
+
+    def step_back(self, delivery: Delivery) -> Delivery | None:
+        """``delivery``, a head that must wait for its key, yields to a lower seq of its
+        lane that arrived after it: returns that one, which goes first (None: it stays)."""
+        lower = self.lanes.yield_to_lower(delivery)
+        return None if lower is None else self._turn(lower)
+
+    def retrying(self, delivery: Delivery) -> None:
+        """An operator may skip a failing ordered head (`outbox skip`): its retry looks
+        whether the row is still pending, or its key's next could overtake it."""
+        if delivery.message.seq is not None and self._verify:
+            delivery.look |= Look.COMMIT
+
+    def clear(self) -> list[Delivery]:
+        """Every lane gone (at stop); returns the deliveries that waited behind heads."""
+        return self.lanes.clear()
+
+    def _full(self, delivery: Delivery, limit: int) -> bool:
+        """Whether ``delivery``'s key takes no more into memory: its head's publish failed
+        (it retries from the time wheel), or its head waits for another process's row and
+        ``limit`` wait behind it already. A key that does not move must not fill the
+        slots every other key and unordered message share; one that moves takes what comes."""
+        head, waiting = self.lanes.ahead(delivery.message)
+        if head is None:
+            return False
+        return head.attempt > 0 or (head.waits > 0 and waiting >= limit)
+
+    def _turn(self, delivery: Delivery) -> Delivery:
+        """``delivery`` became its lane's head: look at the table unless its predecessor
+        was acked by this process."""
+        if self._heads and not self.lanes.follows_ack(delivery.message):
+            delivery.look |= Look.TURN
+        else:
+            delivery.look &= ~Look.TURN
+        return delivery

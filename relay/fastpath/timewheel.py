@@ -3,10 +3,12 @@
 One slot per tick (5 ms by default), enough slots to cover the longest delay, so
 ``schedule`` and the expiry of one entry each cost O(1): an entry is looked at once,
 when its slot comes round. Time comes from an injected clock so tests can drive it.
+``Ticker`` runs a wheel on an asyncio loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable
@@ -84,3 +86,37 @@ class TimeWheel(Generic[T]):
 
     def _tick_at(self, ms: float) -> int:
         return math.floor(ms / self.tick_ms + EPSILON)
+
+
+class Ticker(Generic[T]):
+    """A ``TimeWheel`` run by a task of an asyncio loop (made on it): what falls due is
+    handed to ``due``; while the wheel is empty the task sleeps until ``schedule``."""
+
+    def __init__(self, wheel: TimeWheel[T], due: Callable[[list[T]], None]) -> None:
+        self.wheel = wheel
+        self._due = due
+        self._busy = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def __len__(self) -> int:
+        return len(self.wheel)
+
+    def schedule(self, item: T, delay_ms: float) -> None:
+        self.wheel.schedule(item, delay_ms)
+        self._busy.set()
+
+    def clear(self) -> list[T]:
+        return self.wheel.clear()
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            if not self.wheel:
+                self._busy.clear()
+                await self._busy.wait()
+                continue
+            await asyncio.sleep(self.wheel.next_due_in())
+            if due := self.wheel.advance():
+                self._due(due)

@@ -1,0 +1,76 @@
+"""What a sweep takes: due rows and ordered heads with their followers, locked.
+
+``Claimer`` builds the sweep's claim (relay.store claim_due_stmt, SKIP LOCKED) and adds
+the followers of each ordered head it locked; ``Cursor`` keeps a drain pass's place, so
+that each row is claimed at most once per pass. The scheduler brings a claim of its own
+(``Claim``): the sweeper publishes either the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+
+from sqlalchemy import Connection
+
+from outbox.settings import Settings
+from relay import store
+
+Claim = Callable[[Connection], list[store.Claimed]]  # locks a batch in the given transaction
+
+
+class Claimer:
+    """The sweep's claim: due rows older than an age, and ordered heads' followers."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def claim(
+        self, conn: Connection, age: float, due_only: bool, cursor: Cursor | None
+    ) -> list[store.Claimed]:
+        """Due rows and ordered heads, then the heads' followers, all locked."""
+        now = store.db_clock(conn)
+        cutoff, limit = now - timedelta(seconds=age), self.settings.sweep_batch
+        claim = store.claim_due_stmt(
+            cutoff, now, limit, due_only,
+            after_id=cursor.claimed_up_to if cursor else None,
+            failed=cursor.failed_ids() if cursor else (),
+        )  # fmt: skip
+        rows = store.claim(conn, claim)
+        if rows and cursor is not None:
+            cursor.advance(max(row.id for row in rows))  # not the followers': see Cursor
+            rows = cursor.not_failed(rows)
+        return rows + store.followers(conn, rows, cutoff, limit - len(rows), limit)
+
+
+class Cursor:
+    """Where the sweeps of one drain pass are (thread-safe): the highest row id claimed
+    (unordered rows are taken past it only, each once) and the ordered rows that failed
+    (a key's next head may sit below that id: ordered heads are taken by key, not by id,
+    but a failed one is not taken again in the pass). The followers claimed with their
+    head do not move the id: the rows between stay to be taken."""
+
+    def __init__(self) -> None:
+        self.claimed_up_to = 0
+        self.failed: set[int] = set()
+        self._lock = threading.Lock()
+
+    def advance(self, row_id: int) -> None:
+        with self._lock:
+            self.claimed_up_to = max(self.claimed_up_to, row_id)
+
+    def failed_ordered(self, row_ids: Iterable[int]) -> None:
+        with self._lock:
+            self.failed.update(row_ids)
+
+    def failed_ids(self) -> list[int]:
+        with self._lock:
+            return list(self.failed)
+
+    def not_failed(self, rows: list[store.Claimed]) -> list[store.Claimed]:
+        """``rows`` less those that failed in this pass, asked again once they are locked:
+        a sweep that failed one may have committed after the claim's statement was built
+        (its failure is recorded before its commit, so it is seen here)."""
+        with self._lock:
+            return [row for row in rows if row.id not in self.failed]
