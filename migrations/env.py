@@ -12,6 +12,7 @@ from alembic import context
 from sqlalchemy import Connection
 from sqlalchemy.pool import NullPool
 
+from outbox.dialects import dialect_for
 from outbox.engines import engine_from
 from outbox.migrate import VERSION_TABLE, migration_lock, revision_of
 from outbox.table import metadata
@@ -43,7 +44,7 @@ def run_online(connection: Connection) -> None:
     with migration_lock(connection, caller=context.config.attributes.get("caller", False)):
         # What this run found, under the lock: `outbox migrate` says whether it upgraded.
         context.config.attributes["found"] = revision_of(connection)
-        configure(connection=connection, render_as_batch=connection.dialect.name == "sqlite")
+        configure(connection=connection, render_as_batch=dialect_for(connection).alters_by_batch)
         with context.begin_transaction():
             context.run_migrations()
 

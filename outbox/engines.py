@@ -4,19 +4,18 @@ timeouts; the sync and async driver of one database; the relay's engine beside t
 
 from __future__ import annotations
 
-import functools
-import math
 import weakref
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import URL, Connection, Engine, create_engine, event
+from sqlalchemy import URL, Connection, Engine, create_engine
 from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-from sqlalchemy.pool import AssertionPool, NullPool, QueuePool, SingletonThreadPool, StaticPool
+from sqlalchemy.pool import AssertionPool, SingletonThreadPool, StaticPool
 
 from outbox import aio
 from outbox.broker import BROKER_SCHEMES
+from outbox.dialects import dialect_for, sync_drivers
 from outbox.errors import ConfigError
 from outbox.names import check_name
 from outbox.secrets import mask_url
@@ -61,8 +60,7 @@ def engine_from(
         raise ConfigError(
             f"db: {mask_url(db)!r} needs the driver {exc.name!r}, not installed{hint}"
         ) from None
-    if url.get_backend_name() in ("mysql", "mariadb"):
-        event.listen(engine, "connect", functools.partial(_reads_wait, read_timeout_s))
+    dialect_for(url).limit_reads(engine, url, read_timeout_s)
     return engine
 
 
@@ -85,21 +83,9 @@ def unusable_url(db: object, exc: Exception) -> ConfigError:
     return ConfigError(f"db: cannot use {mask_url(db)!r}: {exc}{hint}")
 
 
-# The sync driver the relay's threads use for a database an app reaches through an async one.
-SYNC_DRIVERS = {
-    "asyncpg": "psycopg",
-    "psycopg_async": "psycopg",
-    "aiosqlite": "pysqlite",
-    "asyncmy": "pymysql",
-    "aiomysql": "pymysql",
-}
-# And the async driver an async handler's sessions use for a database given by a sync URL.
-ASYNC_DRIVERS = {
-    "postgresql": "psycopg",
-    "sqlite": "aiosqlite",
-    "mysql": "asyncmy",
-    "mariadb": "asyncmy",
-}
+# The sync driver the relay's threads use for a database an app reaches through an async
+# one (each Dialect's sync_drivers); the other way, Dialect.async_driver.
+SYNC_DRIVERS = sync_drivers()
 
 
 def is_async_url(db: str | URL) -> bool:
@@ -120,7 +106,7 @@ def async_url(url: URL) -> URL:
     """The same database through an asyncio driver (psycopg serves both)."""
     if is_async_url(url):
         return url
-    driver = ASYNC_DRIVERS.get(url.get_backend_name())
+    driver = dialect_for(url).async_driver
     if driver is None:
         raise ConfigError(f"db: no asyncio driver known for {mask_url(url)!r}")
     return through(url, driver)
@@ -129,10 +115,7 @@ def async_url(url: URL) -> URL:
 def through(url: URL, driver: str) -> URL:
     """``url`` with another driver, refused where that would reach another database."""
     backend = url.get_backend_name()
-    if backend == "sqlite" and (
-        url.database in (None, "", ":memory:") or "mode=memory" in str(url)
-    ):
-        # Each connection of each engine would open an empty database of its own.
+    if dialect_for(url).driver_change_refused(url):
         raise ConfigError(
             "db: an in-memory SQLite database cannot be shared by a sync and an async "
             "driver (the relay's and the app's); use a database file"
@@ -184,7 +167,7 @@ def own_engine(engine: Engine) -> Engine:
     search_path, PRAGMAs) and execution options (a schema_translate_map). SQLite's pool
     opens a connection per checkout: one never crosses threads."""
     pool = engine.pool
-    poolclass = NullPool if engine.dialect.name == "sqlite" else QueuePool
+    poolclass = dialect_for(engine).own_poolclass
     # Private, as Pool.recreate() uses them: SQLAlchemy offers no public copy of a pool's
     # creator and listeners into another pool class.
     own = create_engine(engine.url, creator=pool._creator, poolclass=poolclass)
@@ -200,9 +183,7 @@ def own_engine(engine: Engine) -> Engine:
 
 def sqlite_memory(url: URL) -> bool:
     """Is ``url`` an in-memory SQLite database?"""
-    if url.get_backend_name() != "sqlite":
-        return False
-    return url.database in (None, "") or ":memory:" in url.database or "mode=memory" in str(url)
+    return dialect_for(url).in_memory(url)
 
 
 AUTOCOMMIT = "AUTOCOMMIT"
@@ -275,7 +256,7 @@ def given_url(engine: AsyncEngine) -> URL:
     if given is not None:
         return given
     url = engine.url
-    if url.get_backend_name() != "postgresql" or "options" in url.query:
+    if not dialect_for(url).schema_in_options or "options" in url.query:
         return url
     params = connect_params(engine.sync_engine)[1]
     if isinstance(params.get("options"), str):
@@ -310,8 +291,7 @@ def async_engine_from(
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
         raise unusable_url(db, exc) from None
     _given_urls[engine] = make_url(db)
-    if url.get_driver_name() == "asyncmy":
-        event.listen(engine.sync_engine, "connect", functools.partial(_reads_wait, None))
+    dialect_for(url).limit_reads(engine.sync_engine, url, None)
     return engine
 
 
@@ -326,35 +306,7 @@ def server_settings(options: str) -> dict[str, str]:
 
 def timeouts(url: URL, connect_s: float, read_s: float | None) -> dict[str, Any]:
     """The driver's own connect (and read) timeout arguments for ``url``'s backend."""
-    backend = url.get_backend_name()
-    args: dict[str, Any] = {}
-    if url.get_driver_name() == "asyncpg":  # seconds, a float; no statement timeout here
-        args["timeout"] = connect_s
-    elif url.get_driver_name() == "asyncmy":  # its connect_timeout bounds the TCP connect alone:
-        # the server's greeting is read with read_timeout (lifted after the handshake)
-        args = {"connect_timeout": connect_s, "read_timeout": connect_s}
-    elif url.get_driver_name() == "aiomysql":  # no read timeout: a silent host hangs it
-        args["connect_timeout"] = connect_s
-    elif backend == "postgresql":  # libpq: whole seconds, at least 2
-        args["connect_timeout"] = max(2, math.ceil(connect_s))
-    elif backend in ("mysql", "mariadb"):  # PyMySQL reads the server's greeting with read_timeout
-        args = {"connect_timeout": connect_s, "read_timeout": connect_s}
-        if read_s is not None:
-            args["write_timeout"] = read_s
-    elif backend == "sqlite":  # how long a write waits for another's lock
-        args["timeout"] = connect_s
-    args = {k: v for k, v in args.items() if k not in url.query}
-    if backend == "postgresql" and read_s is not None:  # a query, and so a read, ends then
-        timeout = f"-c statement_timeout={int(read_s * 1000)}"
-        args["options"] = f"{url.query.get('options', '')} {timeout}".strip()
-    return args
-
-
-def _reads_wait(read_s: float | None, dbapi_connection: Any, _record: object) -> None:
-    """After the handshake, reads wait ``read_s`` (None: as long as the queries take)."""
-    # PyMySQL and asyncmy (behind SQLAlchemy's adapter) have no public setter for it.
-    driver = getattr(dbapi_connection, "driver_connection", dbapi_connection)
-    driver._read_timeout = read_s
+    return dialect_for(url).timeouts(url, connect_s, read_s)
 
 
 def check_broker_url(broker: str | None) -> str | None:

@@ -28,9 +28,10 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.script.revision import Revision
-from sqlalchemy import Connection, Engine, inspect, text
+from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.exc import InvalidRequestError
 
+from outbox.dialects import dialect_for
 from outbox.engines import engine_from
 from outbox.errors import OutboxError
 from outbox.secrets import url_of
@@ -44,8 +45,6 @@ MAIN = "outbox"  # the main line's branch label: `outbox@head`
 MODEL_B = "modelb"  # model B's branch label: `modelb@head`
 # Every table the outbox owns: what an app's autogenerate must leave alone.
 OWNED_TABLES = frozenset({*metadata.tables, VERSION_TABLE})
-# Any number taken only by us; serialises concurrent `outbox migrate` runs on PostgreSQL.
-PG_LOCK_KEY = 0x0B0C5_2024
 LOCK_WAIT_S = 120  # MariaDB: how long a migration waits for another one to finish
 
 
@@ -230,25 +229,19 @@ def migration_lock(conn: Connection, caller: bool = False) -> Iterator[None]:
     ``caller``: the transaction is the caller's, so nothing here may commit or begin one:
     PostgreSQL's lock waits for the caller's COMMIT; SQLite's write lock is the caller's.
     """
-    backend = conn.dialect.name
-    if backend == "postgresql":  # released by the migration's COMMIT
-        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PG_LOCK_KEY})
-    elif backend == "sqlite" and not caller:  # the write lock, till COMMIT; others wait
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-    if backend not in ("mysql", "mariadb"):
+    dialect = dialect_for(conn)  # PostgreSQL's advisory lock, SQLite's write lock, GET_LOCK
+    if not dialect.lock_migrations(conn, caller, LOCK_WAIT_S):
+        raise SchemaError(f"another `outbox migrate` held the lock for {LOCK_WAIT_S} s")
+    if dialect.transactional_ddl:  # the lock ends with the transaction
         yield
         return
     # MariaDB commits each DDL statement: only a session-level named lock spans them.
-    name = "LEFT(CONCAT('outbox_migrate.', DATABASE()), 64)"
-    got = conn.execute(text(f"SELECT GET_LOCK({name}, :s)"), {"s": LOCK_WAIT_S}).scalar()
-    if got != 1:
-        raise SchemaError(f"another `outbox migrate` held the lock for {LOCK_WAIT_S} s")
     try:
         yield
         if not caller:
             conn.commit()  # the version row, before the next one reads it
     finally:
-        conn.execute(text(f"SELECT RELEASE_LOCK({name})"))
+        dialect.unlock_migrations(conn)
 
 
 def _run(cmd: object, conn: Connection, revision: str, caller: bool = False) -> str | None:

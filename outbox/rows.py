@@ -30,12 +30,12 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import Insert
 
-from outbox.dedup_locks import lock_dedup_keys
+from outbox.dialects import Dialect, dialect_for
 from outbox.engines import autocommits, engine_autocommits
 from outbox.errors import InvalidHeaders, InvalidPayload, NotTransactional, SchemaMissing
 from outbox.message import Message, recheck
@@ -196,11 +196,8 @@ def write_scheduled(conn: Session | Connection, messages: Sequence[Message]) -> 
     this wait for its end, as any insert of a duplicate key does."""
     values = [scheduled_values(m) for m in messages]
     dialect = _dialect(conn)
-    if dialect in ("mysql", "mariadb"):
-        lock_dedup_keys(conn, messages)  # waiters of one key must not deadlock (InnoDB)
-        statement = INSERT_SCHEDULED_MYSQL
-    else:
-        statement = INSERT_SCHEDULED_PG if dialect == "postgresql" else INSERT_SCHEDULED_SQLITE
+    dialect.lock_dedup_keys(conn, messages)  # InnoDB: waiters of one key must not deadlock
+    statement = dialect.built(_insert_scheduled)
     conn.execute(statement, values[0] if len(values) == 1 else values)
 
 
@@ -220,25 +217,15 @@ def delay_micros(delay_s: float) -> int:
     return math.ceil(round(Fraction(delay_s) * 1_000_000, 3))
 
 
-def _insert_scheduled(insert_: Any) -> Any:
-    """The scheduled rows' INSERT, built once: deliver_at is the given instant, or the
-    database's now plus the delay."""
+def _insert_scheduled(dialect: Dialect) -> Insert:
+    """The scheduled rows' INSERT, built once per dialect: deliver_at is the given instant,
+    or the database's now plus the delay; a msg_id already in the table writes nothing."""
     due = func.coalesce(
         bindparam("at", type_=time_type),
         db_now_plus(bindparam("delay_us", type_=BigInteger())),
     )
-    return insert_(outbox_message).values(deliver_at=due)
+    return dialect.insert_ignoring(outbox_message, outbox_message.c.msg_id).values(deliver_at=due)
 
-
-INSERT_SCHEDULED_PG = _insert_scheduled(postgresql.insert).on_conflict_do_nothing(
-    index_elements=[outbox_message.c.msg_id]
-)
-INSERT_SCHEDULED_SQLITE = _insert_scheduled(sqlite.insert).on_conflict_do_nothing(
-    index_elements=[outbox_message.c.msg_id]
-)
-INSERT_SCHEDULED_MYSQL = _insert_scheduled(mysql.insert).on_duplicate_key_update(
-    msg_id=outbox_message.c.msg_id  # no change: the existing row stays as it is
-)
 
 CANCEL = (
     update(outbox_message)
@@ -277,8 +264,8 @@ def cancel_written(conn: Session | Connection, msg_id: str) -> bool | None:
     return None if found is None else False
 
 
-def _dialect(conn: Session | Connection, table: Any = outbox_message) -> str:
-    return _bind(conn, table).dialect.name
+def _dialect(conn: Session | Connection, table: Any = outbox_message) -> Dialect:
+    return dialect_for(_bind(conn, table))
 
 
 def _bind(conn: Session | Connection, table: Any = outbox_message) -> Engine | Connection:
@@ -320,33 +307,22 @@ def add_to_last_seqs(
     rows = [{"topic": t, "key": k, "last_seq": n} for (t, k), n in sorted(counts.items())]
     params = rows[0] if len(rows) == 1 else rows  # one dict: a plain execute
     dialect = _dialect(conn, outbox_sequence)
-    if dialect in ("mysql", "mariadb"):
-        conn.execute(ADD_TO_LAST_SEQ_MYSQL, params)
-        # Our own updates: visible to our consistent read whatever the isolation level.
-        mine = select(seq.topic, seq.key, seq.last_seq).where(
-            tuple_(seq.topic, seq.key).in_(list(counts))
-        )
-        return {(r.topic, r.key): int(r.last_seq) for r in conn.execute(mine)}
-    upsert = ADD_TO_LAST_SEQ_PG if dialect == "postgresql" else ADD_TO_LAST_SEQ_SQLITE
-    return {(r.topic, r.key): int(r.last_seq) for r in conn.execute(upsert, params)}
+    upsert = dialect.built(_add_to_last_seq)
+    if dialect.supports_upsert_returning:
+        return {(r.topic, r.key): int(r.last_seq) for r in conn.execute(upsert, params)}
+    conn.execute(upsert, params)
+    # Our own updates: visible to our consistent read whatever the isolation level.
+    mine = select(seq.topic, seq.key, seq.last_seq).where(
+        tuple_(seq.topic, seq.key).in_(list(counts))
+    )
+    return {(r.topic, r.key): int(r.last_seq) for r in conn.execute(mine)}
 
 
-def _add_to_last_seq(insert_: Any) -> Any:
-    """The upsert, built once: a statement made per call is compiled per call (~200 us)."""
+def _add_to_last_seq(dialect: Dialect) -> Insert:
+    """The upsert, built once per dialect: a statement made per call is compiled per
+    call (~200 us)."""
     seq = outbox_sequence.c
-    first = insert_(outbox_sequence)
-    return first.on_conflict_do_update(
-        index_elements=[seq.topic, seq.key],
-        set_={"last_seq": seq.last_seq + first.excluded.last_seq},
-    ).returning(seq.topic, seq.key, seq.last_seq)
-
-
-ADD_TO_LAST_SEQ_PG = _add_to_last_seq(postgresql.insert)
-ADD_TO_LAST_SEQ_SQLITE = _add_to_last_seq(sqlite.insert)
-_added = mysql.insert(outbox_sequence)
-ADD_TO_LAST_SEQ_MYSQL = _added.on_duplicate_key_update(
-    last_seq=outbox_sequence.c.last_seq + _added.inserted.last_seq
-)
+    return dialect.upsert_adding(outbox_sequence, [seq.topic, seq.key], seq.last_seq)
 
 
 def message_of(row: StoredRow, payload: bytes | None = None) -> Message:

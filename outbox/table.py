@@ -30,11 +30,13 @@ from sqlalchemy import (
     Uuid,
     text,
 )
-from sqlalchemy.dialects import mysql
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import Dialect as SqlaDialect
+from sqlalchemy.exc import UnsupportedCompilationError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
+
+from outbox.dialects import POSTGRESQL, dialect_for, partial_index_kw, with_variants
 
 PENDING = "pending"
 SENT = "sent"
@@ -55,7 +57,7 @@ metadata = MetaData(
 
 class UtcDateTime(TypeDecorator[datetime]):
     """A point in time, stored in UTC: ``timestamptz`` on PostgreSQL, ``DATETIME(6)`` on
-    MariaDB, text on SQLite.
+    MariaDB, text on SQLite (``Dialect.datetime_type``).
 
     MariaDB's DATETIME and SQLite's text hold no zone, and their drivers drop an aware
     datetime's offset (PyMySQL sends 10:00+02:00 as 10:00): a bound value is converted
@@ -65,26 +67,25 @@ class UtcDateTime(TypeDecorator[datetime]):
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def load_dialect_impl(self, dialect: Dialect) -> Any:
-        if dialect.name in ("mysql", "mariadb"):
-            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
-        return dialect.type_descriptor(DateTime(timezone=True))
+    def load_dialect_impl(self, dialect: SqlaDialect) -> Any:
+        return dialect.type_descriptor(dialect_for(dialect).datetime_type())
 
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+    def process_bind_param(self, value: datetime | None, dialect: SqlaDialect) -> datetime | None:
         if value is None:
             return None
         # Naive is UTC here; PostgreSQL would read a naive timestamp in the session's zone.
         value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+        return dialect_for(dialect).bind_time(value)
 
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+    def process_result_value(self, value: datetime | None, dialect: SqlaDialect) -> datetime | None:
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 class db_now(FunctionElement[datetime]):  # lower case: reads like the SQL function it is
-    """The database clock in UTC, with sub-second precision on every supported dialect.
+    """The database clock in UTC, with sub-second precision on every supported dialect
+    (``Dialect.now_sql``).
 
     The one "now" of the project: column defaults, ``sent_at`` and every age the relay
     compares (sweeper age, backoff, retention, ``outbox status``). It never depends on the
@@ -96,31 +97,8 @@ class db_now(FunctionElement[datetime]):  # lower case: reads like the SQL funct
 
 
 @compiles(db_now)
-def _db_now_default(element: db_now, compiler: SQLCompiler, **kw: object) -> str:
-    return "CURRENT_TIMESTAMP"
-
-
-@compiles(db_now, "postgresql")
-def _db_now_postgresql(element: db_now, compiler: SQLCompiler, **kw: object) -> str:
-    # timestamptz: an instant, whatever the session's TimeZone. CURRENT_TIMESTAMP is the
-    # transaction's start: a long transaction would hand the sweeper a row that looks old
-    # the moment it commits, racing the fast path.
-    return "statement_timestamp()"
-
-
-@compiles(db_now, "sqlite")
-def _db_now_sqlite(element: db_now, compiler: SQLCompiler, **kw: object) -> str:
-    # SQLite's CURRENT_TIMESTAMP has whole seconds only; this is UTC with milliseconds.
-    return "(strftime('%Y-%m-%d %H:%M:%f', 'now'))"
-
-
-@compiles(db_now, "mysql")
-@compiles(db_now, "mariadb")
-def _db_now_mysql(element: db_now, compiler: SQLCompiler, **kw: object) -> str:
-    # CURRENT_TIMESTAMP into a DATETIME is the session's local time: a session in +01:00
-    # would write rows that look an hour younger. Parentheses: MySQL 8 takes a function
-    # other than CURRENT_TIMESTAMP as a column default only in them.
-    return "(UTC_TIMESTAMP(6))"
+def _db_now(element: db_now, compiler: SQLCompiler, **kw: object) -> str:
+    return dialect_for(compiler.dialect).now_sql()
 
 
 class db_now_plus(FunctionElement[datetime]):
@@ -133,26 +111,13 @@ class db_now_plus(FunctionElement[datetime]):
     type = UtcDateTime()
 
 
-@compiles(db_now_plus, "postgresql")
-def _db_now_plus_postgresql(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
-    # An interval of microseconds only (no days): the same length in every TimeZone.
+@compiles(db_now_plus)
+def _db_now_plus(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
     micros = compiler.process(element.clauses, **kw)
-    return f"(statement_timestamp() + {micros} * INTERVAL '1 microsecond')"
-
-
-@compiles(db_now_plus, "sqlite")
-def _db_now_plus_sqlite(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
-    # (us + 999) / 1000 is integer division: whole milliseconds, rounded up.
-    micros = compiler.process(element.clauses, **kw)
-    shift = f"printf('%+.3f seconds', (({micros}) + 999) / 1000 / 1000.0)"
-    return f"(strftime('%Y-%m-%d %H:%M:%f', 'now', {shift}))"
-
-
-@compiles(db_now_plus, "mysql")
-@compiles(db_now_plus, "mariadb")
-def _db_now_plus_mysql(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
-    micros = compiler.process(element.clauses, **kw)
-    return f"(UTC_TIMESTAMP(6) + INTERVAL {micros} MICROSECOND)"
+    sql = dialect_for(compiler.dialect).now_plus_sql(micros)
+    if sql is None:  # no such SQL on this database
+        raise UnsupportedCompilationError(compiler, type(element))
+    return sql
 
 
 class session_now(db_now):
@@ -162,28 +127,24 @@ class session_now(db_now):
     inherit_cache = True
 
 
-@compiles(session_now, "mysql")
-@compiles(session_now, "mariadb")
-def _session_now_mysql(element: session_now, compiler: SQLCompiler, **kw: object) -> str:
-    return "CURRENT_TIMESTAMP(6)"
+@compiles(session_now)
+def _session_now(element: session_now, compiler: SQLCompiler, **kw: object) -> str:
+    return dialect_for(compiler.dialect).session_now_sql()
 
 
-# SQLite only auto-increments an INTEGER PRIMARY KEY; MariaDB's BLOB stops at 64 KiB
-# and its DATETIME drops fractions of a second unless asked.
-id_type = BigInteger().with_variant(Integer(), "sqlite")
-# A topic and a key compare byte for byte, as brokers do: MariaDB's default collation
-# would make "Order" and "order" one key (one sequence, one lane in the table).
-name_type = String(255).with_variant(
-    mysql.VARCHAR(255, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
-)
-payload_type = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+# Each database's own types where the portable one falls short (Dialect.column_type):
+# SQLite only auto-increments an INTEGER PRIMARY KEY; a topic and a key compare byte for
+# byte on MariaDB too; its BLOB stops at 64 KiB.
+id_type = with_variants(BigInteger(), "id")
+name_type = with_variants(String(255), "name")
+payload_type = with_variants(LargeBinary(), "payload")
 time_type = UtcDateTime()
 
 
 def partial_index(name: str, columns: list[str], where: str) -> Index:
     """An index over the rows ``where`` picks on PostgreSQL and SQLite; over every row on
     MySQL/MariaDB, which have no partial index."""
-    return Index(name, *columns, postgresql_where=text(where), sqlite_where=text(where))
+    return Index(name, *columns, **partial_index_kw(where))
 
 
 outbox_message = Table(
@@ -231,12 +192,10 @@ outbox_message = Table(
     partial_index("ix_outbox_message_sent", ["status", "sent_at"], f"status = '{SENT}'"),
     # The reconciliation's window read over JDBC (spark_jobs.ledger): the rows created in
     # its span (BRIN: created_at rises with the inserts) or due in it. PostgreSQL only.
-    Index("ix_outbox_message_created_brin", "created_at", postgresql_using="brin").ddl_if(
-        dialect="postgresql"
+    POSTGRESQL.only_index("ix_outbox_message_created_brin", "created_at", using="brin"),
+    POSTGRESQL.only_index(
+        "ix_outbox_message_scheduled", "deliver_at", where="deliver_at IS NOT NULL"
     ),
-    Index(
-        "ix_outbox_message_scheduled", "deliver_at", postgresql_where=text("deliver_at IS NOT NULL")
-    ).ddl_if(dialect="postgresql"),
 )
 
 # The last sequence number taken per (topic, key) of ordered messages. Only senders write

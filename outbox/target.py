@@ -24,7 +24,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
+from outbox.dialects import dialect_for
+
 PG_DEFAULT_PATH = ("$user", "public")
 
 
@@ -92,30 +93,31 @@ def connect_params(engine: Engine) -> tuple[list[Any], dict[str, Any]]:
 
 
 def _work_out(engine: Engine) -> Target:
-    backend = engine.url.get_backend_name()
-    backend = "mysql" if backend == "mariadb" else backend  # one protocol, one server
+    dialect = dialect_for(engine.url)
     cargs, params = connect_params(engine)
     translated = (engine.get_execution_options().get("schema_translate_map") or {}).get(None)
-    if backend == "sqlite":
-        return _sqlite(engine, cargs, params, translated)
+    if dialect.file_database:
+        return _file(engine, dialect.target_backend, cargs, params, translated)
     port = params.get("port")
     target = Target(
-        backend=backend,
+        backend=dialect.target_backend,  # MariaDB and MySQL: one protocol, one server
         host=_text(params.get("unix_socket") or params.get("host")),
-        port=int(port) if port not in (None, "") else DEFAULT_PORTS.get(backend),
+        port=int(port) if port not in (None, "") else dialect.default_port,
         database=_text(params.get("dbname") or params.get("database") or params.get("db")),
         user=_text(params.get("user") or params.get("username")),
     )
-    if backend == "mysql":  # the database is the schema
+    if dialect.schema_is_database:
         host = target.host or "localhost"
         return _replace(target, host=host, database=translated or target.database)
-    if backend == "postgresql":
+    if dialect.schema_in_options:  # the search_path
         path = (translated,) if translated else search_path(params)
         return _replace(target, database=target.database or target.user, schema=path)
     return target
 
 
-def _sqlite(engine: Engine, cargs: list[Any], params: dict[str, Any], schema: str | None) -> Target:
+def _file(
+    engine: Engine, backend: str, cargs: list[Any], params: dict[str, Any], schema: str | None
+) -> Target:
     name = str(cargs[0] if cargs else params.get("database") or ":memory:")
     if name.startswith("file:"):  # a URI filename: its path, without ?mode=...
         name = name[len("file:") :].split("?", 1)[0]
@@ -125,7 +127,7 @@ def _sqlite(engine: Engine, cargs: list[Any], params: dict[str, Any], schema: st
     else:
         name = os.path.realpath(name)
     attached = (schema,) if schema not in (None, "main") else None
-    return Target("sqlite", database=name, schema=attached)
+    return Target(backend, database=name, schema=attached)
 
 
 def _replace(target: Target, **changes: Any) -> Target:

@@ -11,13 +11,11 @@ from __future__ import annotations
 from sqlalchemy import URL
 from sqlalchemy.engine import make_url
 
-# The scheme as written -> the SQLAlchemy dialect+driver used for it.
-DRIVER_OF_SCHEME = {
-    "postgres": "postgresql+psycopg",
-    "postgresql": "postgresql+psycopg",
-    "mysql": "mysql+pymysql",
-    "mariadb": "mariadb+pymysql",
-}
+from outbox.dialects import driver_of_scheme
+
+# The scheme as written -> the SQLAlchemy dialect+driver used for it (each Dialect's
+# default_driver).
+DRIVER_OF_SCHEME = driver_of_scheme()
 
 
 def with_driver(db: str | URL) -> URL:

@@ -11,6 +11,7 @@ from typing import TypeAlias, TypeVar
 
 from sqlalchemy import Engine, make_url
 
+from outbox.dialects import dialect_for
 from outbox.engines import engine_from
 from outbox.errors import OutboxError
 from relay.cli.settings_flags import add_settings_flags
@@ -121,7 +122,7 @@ def refuse_missing_sqlite(url: str) -> None:
     ``outbox migrate`` creates one (its caller skips this check)."""
     parsed = make_url(url)
     name = parsed.database
-    if parsed.get_backend_name() != "sqlite" or not name or name == ":memory:":
+    if not dialect_for(parsed).file_database or not name or name == ":memory:":
         return
     if name.startswith("file:"):  # a URI filename (?uri=true): its mode= decides
         return

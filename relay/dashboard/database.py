@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, exc, text
 
+from outbox.dialects import dialect_for
 from outbox.secrets import scrub, url_of
 from relay.outage import Outage
 
@@ -55,8 +56,8 @@ class Database:
         backlog's correlated subquery makes the planner's estimate huge, and compiling the
         plan took a second where running it takes tens of milliseconds (bench/dashboard.py)."""
         with self.watching(self.engine.connect) as conn:
-            if conn.dialect.name == "postgresql":
-                conn.execute(text("SET LOCAL jit = off"))
+            for statement in dialect_for(conn).reading_setup:
+                conn.execute(text(statement))
             yield conn
 
     def writing(self) -> AbstractContextManager[Connection]:

@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Connection
 
+from outbox.dialects import dialect_for
 from outbox.secrets import mask_url
 from relay import store
 from relay.dashboard.database import Database
@@ -89,9 +90,10 @@ def totals(topics: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def per_minute(conn: Connection, now: datetime) -> tuple[list[store.Minute], bool]:
     """Sends per minute of the last hour and their latency percentiles: by the database
-    on PostgreSQL; elsewhere from the latest CHART_ROWS sends (True: capped there)."""
+    where it computes percentiles (PostgreSQL); elsewhere from the latest CHART_ROWS sends
+    (True: capped there)."""
     since = now.replace(second=0, microsecond=0) - timedelta(minutes=MINUTES - 1)
-    if conn.dialect.name == "postgresql":
+    if dialect_for(conn).percentiles_in_sql:
         return store.sent_per_minute_pg(conn, since), False
     times = store.sent_times(conn, since, CHART_ROWS)
     latencies: dict[datetime, list[float]] = {}

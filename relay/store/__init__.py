@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from relay.store.hot import (
     LOAD_PAYLOAD_BYTES,
-    MARK_SENT_PG,
     MIN_INLINE_BYTES,
     Claimed,
     claim,
@@ -23,6 +22,7 @@ from relay.store.hot import (
     followers_stmt,
     load_payloads,
     mark_sent,
+    mark_sent_arrays,
     mark_sent_stmt,
     payload_groups,
     pending_among,
@@ -30,11 +30,11 @@ from relay.store.hot import (
     record_failures_stmt,
 )
 from relay.store.keys import (
-    BLOCKED_KEYS_PG,
     UNSETTLED,
     Head,
     behind_dead,
     blocked_keys,
+    blocked_keys_arrays,
     blocking_head,
     earlier_unsettled,
     held_behind,
@@ -95,10 +95,8 @@ from relay.store.schedule import (
 )
 
 __all__ = [
-    "BLOCKED_KEYS_PG",
     "FAILING",
     "LOAD_PAYLOAD_BYTES",
-    "MARK_SENT_PG",
     "MIN_INLINE_BYTES",
     "REQUEUE_BATCH",
     "STUCK_AFTER_S",
@@ -116,6 +114,7 @@ __all__ = [
     "backlog_row",
     "behind_dead",
     "blocked_keys",
+    "blocked_keys_arrays",
     "blocking_head",
     "claim",
     "claim_due_stmt",
@@ -139,6 +138,7 @@ __all__ = [
     "is_head",
     "load_payloads",
     "mark_sent",
+    "mark_sent_arrays",
     "mark_sent_stmt",
     "message",
     "message_stmt",

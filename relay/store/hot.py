@@ -29,8 +29,8 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects import postgresql
 
+from outbox.dialects import Dialect, dialect_for
 from outbox.table import CANCELED, PENDING, SENT, db_now, outbox_message
 from relay.store.keys import is_head, still_heads
 
@@ -52,7 +52,8 @@ def mark_sent_stmt(acks: Sequence[tuple[Any, str]], by_row_id: bool = False) -> 
     """-- mark_sent -- one UPDATE for a batch of (msg_id or row id, receipt) acks, any database.
 
     A CASE per row: its cost grows with the square of the batch, fine for the small
-    batches SQLite and MariaDB see. PostgreSQL uses MARK_SENT_PG instead.
+    batches SQLite and MariaDB see. Where the database binds arrays (PostgreSQL),
+    mark_sent_arrays instead.
     """
     column, keys = _keyed([key for key, _ in acks], by_row_id)
     receipts = dict(zip(keys, (receipt for _, receipt in acks), strict=True))
@@ -63,16 +64,19 @@ def mark_sent_stmt(acks: Sequence[tuple[Any, str]], by_row_id: bool = False) -> 
     )
 
 
-def _mark_sent_pg(column: Any, key_type: Any) -> Update:
-    """-- mark_sent (PostgreSQL) -- the receipts as two arrays joined on the key: one
-    statement whatever the batch size, compiled once, linear work."""
-    acked = (
-        func.unnest(
-            bindparam("ack_keys", type_=postgresql.ARRAY(key_type)),
-            bindparam("ack_receipts", type_=postgresql.ARRAY(String())),
-        )
-        .table_valued("ack_key", "ack_receipt")
-        .render_derived(name="acked")
+def mark_sent_arrays(dialect: Dialect) -> dict[bool, Update]:
+    """-- mark_sent (arrays) -- the receipts as two arrays joined on the key: one
+    statement whatever the batch size, compiled once, linear work; by msg_id (False)
+    and by row id (True). Only where the dialect binds arrays (PostgreSQL)."""
+    return {
+        False: _mark_sent_joined(dialect, t.c.msg_id, Uuid()),
+        True: _mark_sent_joined(dialect, t.c.id, BigInteger()),
+    }
+
+
+def _mark_sent_joined(dialect: Dialect, column: Any, key_type: Any) -> Update:
+    acked = dialect.rows_of_arrays(
+        "acked", [("ack_key", "ack_keys", key_type), ("ack_receipt", "ack_receipts", String())]
     )
     return (
         update(t)
@@ -81,17 +85,15 @@ def _mark_sent_pg(column: Any, key_type: Any) -> Update:
     )
 
 
-MARK_SENT_PG = {False: _mark_sent_pg(t.c.msg_id, Uuid()), True: _mark_sent_pg(t.c.id, BigInteger())}
-
-
 def mark_sent(conn: Connection, acks: Sequence[tuple[Any, str]], by_row_id: bool = False) -> int:
-    if conn.dialect.name != "postgresql":
+    dialect = dialect_for(conn)
+    if not dialect.binds_arrays:
         return conn.execute(mark_sent_stmt(acks, by_row_id)).rowcount
     params = {
         "ack_keys": _keyed([key for key, _ in acks], by_row_id)[1],
         "ack_receipts": [receipt for _, receipt in acks],
     }
-    return conn.execute(MARK_SENT_PG[by_row_id], params).rowcount
+    return conn.execute(dialect.built(mark_sent_arrays)[by_row_id], params).rowcount
 
 
 def delete_sent_stmt(acks: Sequence[tuple[Any, str]], by_row_id: bool = False) -> Delete:
@@ -214,7 +216,7 @@ def claim(conn: Connection, stmt: Select[Any]) -> list[Claimed]:
     """The rows ``stmt`` (claim_due_stmt) locks, less the ordered ones a fresh look finds
     are no longer their key's head (only where the claim's own look may be stale)."""
     rows = [Claimed._make(row) for row in conn.execute(stmt)]
-    if conn.dialect.name not in ("mysql", "mariadb"):
+    if not dialect_for(conn).stale_locking_reads:
         return rows
     ordered = [row.id for row in rows if row.seq is not None]
     if not ordered:

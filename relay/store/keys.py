@@ -16,13 +16,12 @@ from sqlalchemy import (
     Select,
     String,
     and_,
-    bindparam,
     func,
     or_,
     select,
 )
-from sqlalchemy.dialects import postgresql
 
+from outbox.dialects import Dialect, dialect_for
 from outbox.table import DEAD, PENDING, outbox_message
 
 t = outbox_message
@@ -91,10 +90,12 @@ def blocked_keys(conn: Connection, heads: Sequence[Head]) -> set[tuple[str, str]
     """
     if not heads:
         return set()
-    if conn.dialect.name == "postgresql":
+    dialect = dialect_for(conn)
+    if dialect.binds_arrays:
         topics, keys, seqs = (list(column) for column in zip(*heads, strict=True))
         params = {"head_topics": topics, "head_keys": keys, "head_seqs": seqs}
-        return {(topic, key) for topic, key in conn.execute(BLOCKED_KEYS_PG, params)}
+        arrays = dialect.built(blocked_keys_arrays)
+        return {(topic, key) for topic, key in conn.execute(arrays, params)}
     earlier = or_(
         *(and_(t.c.topic == topic, t.c.key == key, t.c.seq < seq) for topic, key, seq in heads)
     )
@@ -102,17 +103,17 @@ def blocked_keys(conn: Connection, heads: Sequence[Head]) -> set[tuple[str, str]
     return {(topic, key) for topic, key in conn.execute(query)}
 
 
-def _blocked_keys_pg() -> Select[Any]:
-    """blocked_keys on PostgreSQL: the heads as three arrays, one statement compiled once
-    (an OR per head is a new statement, compiled anew, for every batch size)."""
-    head = (
-        func.unnest(
-            bindparam("head_topics", type_=postgresql.ARRAY(String())),
-            bindparam("head_keys", type_=postgresql.ARRAY(String())),
-            bindparam("head_seqs", type_=postgresql.ARRAY(BigInteger())),
-        )
-        .table_valued("topic", "key", "seq")
-        .render_derived(name="head")
+def blocked_keys_arrays(dialect: Dialect) -> Select[Any]:
+    """blocked_keys where the database binds arrays (PostgreSQL): the heads as three
+    arrays, one statement compiled once (an OR per head is a new statement, compiled
+    anew, for every batch size)."""
+    head = dialect.rows_of_arrays(
+        "head",
+        [
+            ("topic", "head_topics", String()),
+            ("key", "head_keys", String()),
+            ("seq", "head_seqs", BigInteger()),
+        ],
     )
     earlier = select(t.c.id).where(
         t.c.topic == head.c.topic,
@@ -122,9 +123,6 @@ def _blocked_keys_pg() -> Select[Any]:
         t.c.seq < head.c.seq,
     )
     return select(head.c.topic, head.c.key).where(earlier.exists()).distinct()
-
-
-BLOCKED_KEYS_PG = _blocked_keys_pg()
 
 
 def blocking_head() -> Any:

@@ -17,6 +17,7 @@ from sqlalchemy import (
     select,
 )
 
+from outbox.dialects import dialect_for
 from outbox.table import CANCELED, DEAD, PENDING, SENT, SKIPPED, outbox_message
 from relay.store.keys import behind_dead, blocking_head
 from relay.store.schedule import due_time, is_due, waiting_since
@@ -173,16 +174,18 @@ class Minute(NamedTuple):
 
 
 def sent_per_minute_pg(conn: Connection, since: datetime) -> list[Minute]:
-    """-- sent_per_minute -- (PostgreSQL) per minute since ``since``: sends and their
-    commit->ack percentiles, computed by the database (no row travels)."""
-    minute = func.date_trunc("minute", t.c.sent_at)
-    latency_ms = func.extract("epoch", t.c.sent_at - t.c.created_at) * 1000
+    """-- sent_per_minute -- per minute since ``since``: sends and their commit->ack
+    percentiles, computed by the database (no row travels). Only where the dialect has
+    percentiles in SQL (PostgreSQL)."""
+    dialect = dialect_for(conn)
+    minute = dialect.minute_of(t.c.sent_at)
+    latency_ms = dialect.millis_between(t.c.created_at, t.c.sent_at)
     query = (
         select(
             minute,
             func.count(),
-            func.percentile_cont(0.5).within_group(latency_ms),
-            func.percentile_cont(0.99).within_group(latency_ms),
+            dialect.percentile(0.5, latency_ms),
+            dialect.percentile(0.99, latency_ms),
         )
         .where(t.c.status == SENT, t.c.sent_at >= since)
         .group_by(minute)
