@@ -15,7 +15,7 @@ from sqlalchemy.pool import AssertionPool, SingletonThreadPool, StaticPool
 
 from outbox import aio
 from outbox.broker import BROKER_SCHEMES
-from outbox.dialects import dialect_for, sync_drivers
+from outbox.dialects import async_drivers, dialect_for, sync_drivers
 from outbox.errors import ConfigError
 from outbox.names import check_name
 from outbox.secrets import mask_url
@@ -84,8 +84,11 @@ def unusable_url(db: object, exc: Exception) -> ConfigError:
 
 
 # The sync driver the relay's threads use for a database an app reaches through an async
-# one (each Dialect's sync_drivers); the other way, Dialect.async_driver.
+# one (each Dialect's sync_drivers).
 SYNC_DRIVERS = sync_drivers()
+# And the async driver an async handler's sessions use for a database given by a sync URL
+# (each Dialect's async_driver).
+ASYNC_DRIVERS = async_drivers()
 
 
 def is_async_url(db: str | URL) -> bool:
@@ -106,7 +109,7 @@ def async_url(url: URL) -> URL:
     """The same database through an asyncio driver (psycopg serves both)."""
     if is_async_url(url):
         return url
-    driver = dialect_for(url).async_driver
+    driver = ASYNC_DRIVERS.get(url.get_backend_name())
     if driver is None:
         raise ConfigError(f"db: no asyncio driver known for {mask_url(url)!r}")
     return through(url, driver)

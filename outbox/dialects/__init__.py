@@ -86,6 +86,11 @@ def driver_of_scheme() -> dict[str, str]:
     return found
 
 
+def async_drivers() -> dict[str, str]:
+    """Every dialect's name -> the asyncio driver for it."""
+    return {n: d.async_driver for d in DIALECTS if d.async_driver for n in d.names}
+
+
 def sync_drivers() -> dict[str, str]:
     """Every async driver -> the sync driver of the same database."""
     return {a: s for dialect in DIALECTS for a, s in dialect.sync_drivers.items()}
@@ -100,6 +105,7 @@ __all__ = [
     "MySQL",
     "PostgreSQL",
     "SQLite",
+    "async_drivers",
     "dialect_for",
     "driver_of_scheme",
     "partial_index_kw",
