@@ -33,18 +33,8 @@ from outbox.engines import engine_from
 from outbox.errors import ConfigError
 from outbox.message import KEY_HEADER, SEQ_HEADER
 from outbox.table import outbox_message as t
-from outbox.table import transaction_record
 from relay.brokers.base import utc
-from relay.lab.halfop.protocol import (
-    CHECK_MAX_TOPIC,
-    CHECK_TIMES,
-    HALF_OFFSET,
-    HALF_TOPIC,
-    OP_TOPIC,
-    REAL_TOPIC,
-    UNIQ_KEY,
-)
-from spark_jobs.schema import BROKER, HALFOP_LOG, LEDGER, RECORDS
+from spark_jobs.schema import BROKER, LEDGER
 from spark_jobs.topics import SOURCES_KEY, capturing, matches, patterns_regex
 
 CHUNK = 50_000
@@ -149,20 +139,6 @@ def in_range(column: Any, since: datetime | None, until: datetime | None) -> Any
         *([column >= since] if since is not None else []),
         *([column < until] if until is not None else []),
     )
-
-
-def export_records(
-    db: str | Engine,
-    out: str | Path,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    added: Added = nothing,
-) -> int:
-    """Model B: SqlTransactionListener's records (the committed transactions) to ``out``."""
-    columns = [transaction_record.c[name] for name in RECORDS.names]
-    created = in_range(transaction_record.c.created_at, since, until)
-    query = select(*columns).where(created).order_by(transaction_record.c.created_at)
-    return export_rows(db, query, out, RECORDS, added)
 
 
 def export_rows(
@@ -411,46 +387,6 @@ def log_sources(
         return found
     return {name: subjects for name, subjects in found.items()
             if subjects != [name] or matches(topics, name)}  # fmt: skip
-
-
-def export_halfop_nats(
-    url: str,
-    out: str | Path,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    added: Added = nothing,
-) -> int:
-    """Model B: the half, op and discarded streams in one file (schema HALFOP_LOG).
-
-    Its own path: three NATS streams of model B's, read together, each row saying which
-    stream it came from, and the streams may not exist yet.
-    """
-    from relay.brokers import nats
-
-    kinds = {HALF_TOPIC: "half", OP_TOPIC: "op", CHECK_MAX_TOPIC: "discarded"}
-
-    async def rows() -> AsyncIterator[list[LogRow]]:
-        # model B's streams exist only once a producer or coordinator ran
-        async for stream, entries in nats.read_entries(url, list(kinds), since, until, True):
-            yield [halfop_row(kinds[stream], entry) for entry in entries]
-
-    return write_async_chunks(rows(), out, HALFOP_LOG, added)
-
-
-def halfop_row(kind: str, entry: LogEntry) -> LogRow:
-    """A row of the half/op log; an op's body and a discarded half's header name a half."""
-    headers = entry.headers
-    offset = entry.payload.decode() if kind == "op" else headers.get(HALF_OFFSET)
-    checks = headers.get(CHECK_TIMES)
-    return {
-        "stream": kind,
-        "msg_id": headers.get(UNIQ_KEY),
-        "topic": headers.get(REAL_TOPIC, ""),
-        "seq": int(entry.seq),
-        "broker_ts": entry.broker_ts,
-        "check_times": int(checks) if checks else None,
-        "half_offset": int(offset) if offset else None,
-    }
 
 
 def write_async_chunks(

@@ -4,8 +4,9 @@
 - relay.cli.run: relay, drain;
 - relay.cli.messages: dead, show, skip;
 - relay.cli.data: export, reconcile;
-- relay.cli.modelb: coordinator, compare;
-- relay.cli.dashboard: dashboard.
+- relay.cli.dashboard: dashboard;
+- and the groups plugins register (relay.plugins(): model B's coordinator and compare,
+  listed before dashboard).
 
 Exit statuses mean one thing each, for every command: relay.cli.common.EXIT_STATUSES,
 shown by ``outbox --help`` and in the README.
@@ -31,7 +32,8 @@ from outbox.engines import check_broker_url, check_db_url
 from outbox.errors import ConfigError, OutboxError
 from outbox.secrets import mask_url, scrub
 from outbox.settings import Settings
-from relay.cli import dashboard, data, messages, modelb, run, schema
+from relay import CommandGroup, plugins
+from relay.cli import dashboard, data, messages, run, schema
 from relay.cli.app import use_app
 from relay.cli.common import (
     EXIT_FAILED,
@@ -45,7 +47,8 @@ from relay.cli.common import (
 )
 from relay.cli.settings_flags import settings_from_args
 
-GROUPS = (schema, messages, run, data, modelb, dashboard)
+GROUPS: tuple[CommandGroup, ...] = (schema, messages, run, data)
+GROUPS += (*plugins().command_groups, dashboard)  # model B's before dashboard, as ever
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     name: handler for group in GROUPS for name, handler in group.COMMANDS.items()
 }

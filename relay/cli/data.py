@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from relay import plugins
 from relay.brokers import LOG_SOURCE_FLAGS, family_of, reader_for
 from relay.cli.common import EXIT_OK, Commands, UsageError, add_db_flag, required
 from relay.cli.progress import counting
@@ -24,11 +25,12 @@ def add_export(commands: Commands) -> None:
         "--stream), amqp:// the relay's audit stream queue (?audit= or --queue). --topic "
         "narrows either side to the matching topics.",
     )
+    kinds = plugins().export_kinds  # model B's records and halfop (relay.lab)
+    helps = ["ledger: outbox_message", "broker: the broker's log"]
     exp.add_argument(
         "what",
-        choices=["ledger", "broker", "records", "halfop"],
-        help="ledger: outbox_message; broker: the broker's log; model B: records (the "
-        "listener's table) and halfop (the half, op and discarded streams, nats:// only)",
+        choices=["ledger", "broker", *kinds],
+        help="; ".join(helps + [kind.help for kind in kinds.values()]),
     )
     # ledger and records read the database; a broker export, the ledger's topics
     add_db_flag(exp, required=False)
@@ -103,14 +105,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             count = export.export_ledger(
                 db, args.out, args.since, args.until, shown.add, args.by_day, topics
             )
-    elif args.what == "records":
-        db = required(args.db, "--db", "a records export (or set OUTBOX_DB)")
-        with counting("export records") as shown:
-            count = export.export_records(db, args.out, args.since, args.until, shown.add)
-    elif args.what == "halfop":
-        broker = required(args.broker, "--broker", "a half/op export (or set OUTBOX_BROKER)")
-        with counting("export halfop") as shown:
-            count = export.export_halfop_nats(broker, args.out, args.since, args.until, shown.add)
+    elif (kind := plugins().export_kinds.get(args.what)) is not None:
+        count = kind.run(args)
     else:
         strangers = Tally()
         with counting("export broker") as shown:

@@ -28,11 +28,10 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from outbox.engines import engine_from
 from outbox.errors import ConfigError
 from outbox.table import DEAD, PENDING
-from relay import store
+from relay import Page, plugins, store
 from relay.cli.common import READ_TIMEOUT_S
 from relay.dashboard import guard, reports
 from relay.dashboard.database import Database, DatabaseDown
-from relay.dashboard.halfop import halfop_records
 from relay.dashboard.overview import OVERVIEW_CACHE_S, Cached, RelayMetrics, overview
 from relay.dashboard.params import MsgId, Params, Text, Whole, checker, number
 from relay.dashboard.params import text as text_param
@@ -81,6 +80,7 @@ class Config:
     token: str | None
     sessions: guard.Sessions
     overview: Cached
+    pages: Sequence[Page] = ()  # the plugins' pages, linked from the nav
 
 
 def create_app(
@@ -123,6 +123,7 @@ def create_app(
         guard.Sessions(),
         Cached(lambda: overview(database, metrics), overview_cache_s),
     )
+    config.pages = plugin_pages()
     owned = engine if isinstance(engine_or_url, str) else None
     app = FastAPI(
         title="outbox dashboard",
@@ -145,7 +146,24 @@ def create_app(
             dependencies=[Depends(checker(rules))],
             include_in_schema=False,
         )
+    for extra in config.pages:
+        app.add_api_route(
+            extra.path,
+            extra.handler,
+            methods=["GET", "HEAD"],
+            dependencies=[Depends(checker(NO_PARAMS))],
+            include_in_schema=False,
+        )
     return app
+
+
+def plugin_pages() -> Sequence[Page]:
+    """The registered plugins' pages (model B's /halfop); their templates join ours."""
+    pages = plugins().pages()
+    searchpath = templates.env.loader.searchpath  # type: ignore[union-attr]
+    for folder in {str(p.templates) for p in pages} - set(searchpath):
+        searchpath.append(folder)
+    return pages
 
 
 def host_name(wanted: str) -> str:
@@ -227,6 +245,7 @@ def page(request: Request, name: str, context: dict[str, Any], status: int = 200
         "session": session,
         "logged_in": bool(session and session.logged_in),
         "has_reports": config.reports is not None,
+        "plugin_pages": config.pages,
     }
     return templates.TemplateResponse(request, name, {**shared, **context}, status_code=status)
 
@@ -408,10 +427,6 @@ def blocked_page(request: Request) -> Response:
     return page(request, "blocked.html", {"keys": rows, "shown": BLOCKED_SHOWN})
 
 
-def halfop_page(request: Request) -> Response:
-    return page(request, "halfop.html", {"records": halfop_records(config_of(request).database)})
-
-
 def reports_page(request: Request) -> Response:
     root = config_of(request).reports
     found = [] if root is None else reports.find_reports(root)
@@ -572,7 +587,6 @@ ROUTES: list[tuple[str, Callable[..., Any], list[str], Params]] = [
     ("/messages/{msg_id}/{action}", confirm_page, ["GET"], ACTION_PARAMS),
     ("/messages/{msg_id}/{action}", act, ["POST"], ACTION_PARAMS),
     ("/blocked", blocked_page, ["GET"], NO_PARAMS),
-    ("/halfop", halfop_page, ["GET"], NO_PARAMS),
     ("/reports", reports_page, ["GET"], NO_PARAMS),
     ("/reports/files/{path:path}", report_file, ["GET"], REPORT_PARAMS),
     ("/login", login_form, ["GET"], LOGIN_PARAMS),

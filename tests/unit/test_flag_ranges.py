@@ -20,6 +20,7 @@ from outbox.settings import MOST, Settings, range_of, type_of
 from relay import cli
 from relay.cli.common import msg_id
 from relay.cli.settings_flags import SCALED, dest_of, scaled_range
+from relay.lab import cli as lab_cli
 from relay.lab.compare import report
 from spark_jobs import reconcile_job
 from spark_jobs.flags import Bounded, iso_time, shown, spark_master
@@ -219,7 +220,7 @@ def test_an_out_that_cannot_be_written_is_a_usage_error(
 ) -> None:
     """Found before any work: the real handlers run, and would connect, export or start
     Spark past the check (the Spark job is stubbed: nothing may reach it)."""
-    monkeypatch.setattr(cli, "COMMANDS", {**cli.data.COMMANDS, **cli.modelb.COMMANDS})
+    monkeypatch.setattr(cli, "COMMANDS", {**cli.data.COMMANDS, **lab_cli.COMMANDS})
     monkeypatch.setattr(reconcile_job, "run", lambda args, prog: 0)
     monkeypatch.setattr(report, "run", lambda args: 0)
     (tmp_path / "a-file").write_text("")

@@ -29,6 +29,7 @@ from relay import export
 from relay.brokers import reader_for
 from relay.cli.common import EXIT_DATA, EXIT_OK, EXIT_STUCK
 from relay.cli.progress import counting
+from relay.lab import export as lab_export
 from relay.lab.compare import add_arguments, workload_of
 from relay.lab.compare.run import RunResult, run_models
 from relay.lab.compare.workload import Workload
@@ -98,9 +99,9 @@ def export_inputs(db: str, url: str, result: RunResult, folder: Path) -> dict[st
     else:
         files["ledger"] = str(folder / "records.parquet")
         files["halfop"] = str(folder / "halfop.parquet")
-        export.export_records(db, files["ledger"])
+        lab_export.export_records(db, files["ledger"])
         since = result.started - timedelta(seconds=1)
-        export.export_halfop_nats(url, files["halfop"], since=since)
+        lab_export.export_halfop_nats(url, files["halfop"], since=since)
     return files
 
 

@@ -1,4 +1,4 @@
-"""Model B in the database: what the SqlTransactionListener recorded.
+"""Model B in the dashboard (/halfop): what the SqlTransactionListener recorded.
 
 Model B keeps its halfs and op messages in NATS JetStream, not in the database; the one
 table it writes is ``outbox_transaction_record``: a row per local transaction that
@@ -8,14 +8,20 @@ cannot tell which halfs are unresolved; it shows what check-back will find.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from fastapi import Request
+from fastapi.responses import Response
 from sqlalchemy import func, inspect, select
 
 from outbox.table import transaction_record as r
+from relay import Page
+from relay.dashboard.app import config_of, page
 from relay.dashboard.database import Database
 
 LATEST = 50
+TEMPLATES = Path(__file__).parent / "templates"
 
 
 def halfop_records(db: Database) -> dict[str, Any] | None:
@@ -39,3 +45,10 @@ def halfop_records(db: Database) -> dict[str, Any] | None:
         "latest": [row._asdict() for row in latest],
         "shown": LATEST,
     }
+
+
+def halfop_page(request: Request) -> Response:
+    return page(request, "halfop.html", {"records": halfop_records(config_of(request).database)})
+
+
+PAGES = (Page("/halfop", halfop_page, "Model B", TEMPLATES),)

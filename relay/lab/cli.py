@@ -1,4 +1,6 @@
-"""`outbox coordinator` (model B's broker side) and `outbox compare` (model A against B)."""
+"""Model B's commands: `outbox coordinator` (the broker side), `outbox compare` (model A
+against B), and its kinds of `outbox export` (records, halfop). Registered by
+relay.lab.register: the product's CLI reads ``PARSERS`` and ``COMMANDS`` as its own."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from relay.cli.common import (
     UsageError,
     add_broker_flag,
     add_debug_flag,
+    required,
 )
+from relay.cli.progress import counting
 from relay.cli.run import defer_stop_signals
 from relay.cli.stopping import STOP_SIGNALS
 from relay.lab import compare
@@ -106,6 +110,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
             "pip install 'outbox-relay[compare]'"
         ) from None
     return report.run(args)
+
+
+def export_records(args: argparse.Namespace) -> int:
+    from relay.lab import export
+
+    db = required(args.db, "--db", "a records export (or set OUTBOX_DB)")
+    with counting("export records") as shown:
+        return export.export_records(db, args.out, args.since, args.until, shown.add)
+
+
+def export_halfop(args: argparse.Namespace) -> int:
+    from relay.lab import export
+
+    broker = required(args.broker, "--broker", "a half/op export (or set OUTBOX_BROKER)")
+    with counting("export halfop") as shown:
+        return export.export_halfop_nats(broker, args.out, args.since, args.until, shown.add)
 
 
 PARSERS = (add_coordinator, add_compare)
