@@ -274,7 +274,7 @@ def test_the_coordinator_connects_again_after_the_server_closes_its_connection(
     before = p.send_in_transaction(f"{prefix}.o", b"1")
     wait_until(lambda: manual.stats.ops_written == 1, what="the op after the real message")
     manual.check_now()
-    nc, loop = manual._nc, manual._loop  # its own connection: the server closes it
+    nc, loop = manual.connection.nc, manual.loop.loop  # its own connection: the server closes it
     assert nc is not None and loop is not None
     over = nc.publish("junk", b"x" * nc.max_payload, headers={"over": "the limit"})
     asyncio.run_coroutine_threadsafe(over, loop).result(5)  # nats-py checks the payload only
@@ -331,8 +331,8 @@ def test_a_half_stored_without_headroom_is_discarded_once_without_its_payload(
 ) -> None:
     """Stored before the producer kept the headroom: its put-back and check request
     would be over max_payload. It is discarded, payload left in the half stream."""
-    assert manual._nc is not None
-    limit = manual._nc.max_payload
+    assert manual.connection.nc is not None
+    limit = manual.connection.nc.max_payload
     msg, headers = half_sized(limit - 10, "t.o")
 
     async def store() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from outbox.message import build_message
 from relay.lab.halfop import OP_TOPIC, Coordinator, CoordinatorSettings, TransactionProducer
-from relay.lab.halfop.coordinator import OFFSETS_BUCKET, TAGS_HEADER, _Round
+from relay.lab.halfop.coordinator import OFFSETS_BUCKET, TAGS_HEADER, Round
 from relay.lab.halfop.protocol import HALF_TOPIC, OP_TAG, TransactionMessage, half_headers
 from relay.testing.embedded import NatsServer
 from tests.halfop import COMMIT, UNKNOW, producer, running_coordinator
@@ -110,25 +110,32 @@ class HalfDuringTheRound(Coordinator):
     topic = ""
     settled: TransactionMessage | None = None
 
-    async def _pull_ops(self, rnd: _Round) -> None:
-        if self.armed:
-            self.armed = False
-            await self._store_and_commit()
-        await super()._pull_ops(rnd)
+    def __init__(self, url: str, settings: CoordinatorSettings) -> None:
+        super().__init__(url, settings)
+        pull_ops = self.checks.pull_ops
+
+        async def store_first(rnd: Round) -> None:
+            if self.armed:
+                self.armed = False
+                await self._store_and_commit()
+            await pull_ops(rnd)
+
+        self.checks.pull_ops = store_first  # type: ignore[method-assign]
 
     async def _store_and_commit(self) -> None:
-        assert self._js is not None
+        assert self.connection.nc is not None
+        js = self.connection.nc.jetstream()
         message = build_message(self.topic, b"late", max_payload_bytes=1024)
         msg = TransactionMessage.of(
             message, transaction_id="t-late", born_timestamp_ms=int(time.time() * 1000)
         )
-        ack = await self._js.publish(HALF_TOPIC, msg.payload, headers=half_headers(msg, "g"))
+        ack = await js.publish(HALF_TOPIC, msg.payload, headers=half_headers(msg, "g"))
         done = await self.end_transaction(
             ack.seq, COMMIT.value, group="g", transaction_id=msg.transaction_id, msg_id=msg.msg_id
         )
         assert done
         self.settled = msg
-        await self._js.publish(OP_TOPIC, b"0", headers={TAGS_HEADER: OP_TAG})
+        await js.publish(OP_TOPIC, b"0", headers={TAGS_HEADER: OP_TAG})
 
 
 def test_the_op_of_a_half_stored_after_the_round_began_is_not_skipped(

@@ -10,8 +10,10 @@ runs the ``Coordinator``. The modules:
   ``drop_end_requests`` option is the "end requests lost" fault) and
   ``SqlTransactionListener`` (records each committed transaction for check-back).
 - ``relay.lab.halfop.link``: the NATS connection a producer sends halfs and end requests on.
-- ``relay.lab.halfop.coordinator``: the broker side (``outbox coordinator``): end
-  transactions and check-back.
+- ``relay.lab.halfop.coordinator``: the broker side (``outbox coordinator``), a relay part
+  on the shared connection loop, made of ``halfs`` (its streams and buckets, the rules of
+  a half), ``ends`` (end transactions), ``checks`` (check-back rounds) and ``oplog``
+  (the op stream's reading); ``settings``: its settings and counters.
 
 The producer, link and coordinator need the ``nats`` extra; the protocol does not, so
 they are imported on first use of their names here.
