@@ -2,36 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import inspect
-import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from sqlalchemy import Connection, Engine, make_url
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from outbox import aio, forks, rows, tracing
 from outbox.broker import Broker
-from outbox.engines import (
-    async_engine_from,
-    check_broker_url,
-    engine_from,
-    given_url,
-    is_async_url,
-    relay_engine,
-    sync_url,
-)
 from outbox.errors import ConfigError, WrongDatabase
-from outbox.events import RelayListener, Stats
+from outbox.events import RelayListener
+from outbox.lifecycle import RelayLifecycle, check_broker, no_broker
 from outbox.message import Message, build_message, check_cancel_id
 from outbox.payload import JsonDefault, check_json_default
 from outbox.secrets import mask_url, url_of
@@ -39,6 +27,7 @@ from outbox.settings import Settings
 from outbox.table import outbox_message
 from outbox.target import mismatch
 from outbox.tracking import cancel_staged, remember, stage
+from outbox.transactions import Transactions
 
 if TYPE_CHECKING:  # types only: the relay itself is imported by start(), asyncio by aio
     from sqlalchemy.ext.asyncio import (
@@ -48,21 +37,13 @@ if TYPE_CHECKING:  # types only: the relay itself is imported by start(), asynci
         async_sessionmaker,
     )
 
-    from relay.runtime import Relay
-
     AnySession = (
         Session | scoped_session[Session] | AsyncSession | async_scoped_session[AsyncSession]
     )
     AnyFactory = sessionmaker[Session] | async_sessionmaker[AsyncSession]
 
-P = ParamSpec("P")
-R = TypeVar("R")
 
-log = logging.getLogger("outbox")
-START_RETRY_S = 5.0  # a forked child whose relay failed to start tries again on a send()
-
-
-class Outbox:
+class Outbox(RelayLifecycle, Transactions):
     """Writes messages into ``outbox_message`` inside the caller's transaction.
 
     Delivery is at least once: a committed message is published (by the in-process
@@ -121,7 +102,7 @@ class Outbox:
             "outbox_async_session", default=None
         )
         self.sweeper = sweeper
-        self._relay: Relay | None = None  # the last one started (kept after stop: its stats)
+        self._relay = None  # the last one started (kept after stop: its stats)
         self._count_lock = threading.Lock()
         self._listeners: tuple[RelayListener, ...] = () if listener is None else (listener,)
         self.committed = 0  # messages whose transaction committed, seen by this process
@@ -138,97 +119,6 @@ class Outbox:
     def __repr__(self) -> str:
         db = None if self._engine is None else url_of(self._engine)
         return f"Outbox(db={db!r}, broker={shown_broker(self.broker)!r})"
-
-    @property
-    def engine(self) -> Engine:
-        """The sync Engine the outbox reads its database through (the app's, when given one);
-        a ConfigError naming ``bind()`` while the Outbox is not bound."""
-        if self._engine is None:
-            raise unbound()
-        return self._engine
-
-    @property
-    def bound(self) -> bool:
-        """Whether the Outbox has its database (given to Outbox() or to bind())."""
-        return self._engine is not None
-
-    def bind(self, db: str | Engine | AsyncEngine) -> Outbox:
-        """Bind the Outbox to its database: ``db`` as ``Outbox(db, ...)`` takes it, later.
-
-        For an app factory: build the Outbox at import time, with its broker and settings
-        (``ob = Outbox(broker=os.environ.get("OUTBOX_BROKER"))``), and bind it where the
-        app's engine exists, e.g. ``with app.app_context(): ob.bind(db.engine)`` in a Flask
-        factory. The app's Engine is used as it is: one engine, one pool. Returns the Outbox.
-
-        Binding it again (the next app a test suite builds, on the same database or a
-        fresh one) moves it there while no relay runs; while its relay runs, binding it
-        again raises ConfigError (stop() first).
-        """
-        if db is self._engine or (db is not None and db is self._async_engine):
-            return self
-        engine, async_engine = self._engines_for(db)
-        try:
-            if self._engine is not None:
-                self._check_rebind(engine)
-        except ConfigError:
-            for made in (e for e in (engine, async_engine) if e is not None and e is not db):
-                dispose(made)
-            raise
-        self._use(engine, async_engine, db)
-        return self
-
-    def _engines_for(self, db: str | Engine | AsyncEngine) -> tuple[Engine, AsyncEngine | None]:
-        """The sync Engine the outbox and its relay use for ``db``, and the AsyncEngine of an
-        async ``db`` (an async driver's URL, or the app's AsyncEngine)."""
-        timeout = self.settings.connect_timeout_s
-        if aio.is_async_engine(db) or (isinstance(db, str) and is_async_url(db)):
-            async_engine = async_engine_from(db, timeout)
-            # Its own sync engine: an async engine's sync_engine cannot run on another thread.
-            source = db if isinstance(db, str) else given_url(async_engine)  # with options
-            engine = engine_from(sync_url(make_url(source)), timeout)
-            if differs := mismatch(async_engine.sync_engine, engine):
-                raise ConfigError(f"db: the relay's engine would reach another table ({differs})")
-            return engine, async_engine
-        return engine_from(db, timeout), None
-
-    def _check_rebind(self, engine: Engine) -> None:
-        """An Outbox already bound may move while no relay runs (a test suite's fresh
-        database per test), not while its relay works on the engine bound now."""
-        bound = self.engine
-        if self._relay is not None and self._relay.running:
-            raise ConfigError(
-                f"db: this Outbox's relay is running on {url_of(bound)}; stop() it before "
-                f"binding the Outbox to {url_of(engine)}"
-            )
-
-    def _use(self, engine: Engine, async_engine: AsyncEngine | None, db: object) -> None:
-        """Bind to ``engine`` (and ``async_engine``), leaving the ones bound before."""
-        for old, owned in ((self._engine, self._owns_engine),
-                           (self._async_engine, self._owns_async_engine)):  # fmt: skip
-            if old is not None and owned:
-                dispose(old)  # made here from a URL; no relay runs on it (checked)
-        self._engine, self._owns_engine = engine, engine is not db
-        self._async_engine, self._owns_async_engine = async_engine, async_engine is not db
-        if self._made_session_factory:
-            self.session_factory.configure(bind=engine)
-        if self._made_async_factory:
-            self._async_factory = None  # made again, on the new async engine, when used
-
-    @property
-    def async_engine(self) -> AsyncEngine:
-        """The AsyncEngine async handlers' sessions use: the app's, or one made on first use."""
-        if self._async_engine is None:
-            self._async_engine = async_engine_from(self.engine.url, self.settings.connect_timeout_s)
-        return self._async_engine
-
-    @property
-    def async_session_factory(self) -> async_sessionmaker[AsyncSession]:
-        if self._async_factory is None:
-            engine = self.async_engine  # imports asyncio support, or names the extra
-            from sqlalchemy.ext.asyncio import async_sessionmaker
-
-            self._async_factory = async_sessionmaker(engine)
-        return self._async_factory
 
     def send(
         self,
@@ -334,95 +224,6 @@ class Outbox:
         given = session() if aio.is_async_scoped(session) else session
         return canceled(withdrawn, await given.run_sync(rows.cancel_written, msg_id))
 
-    @overload
-    def transactional(
-        self, fn: Callable[Concatenate[AsyncSession, P], Coroutine[Any, Any, R]]
-    ) -> Callable[P, Coroutine[Any, Any, R]]: ...
-
-    @overload
-    def transactional(self, fn: Callable[Concatenate[Session, P], R]) -> Callable[P, R]: ...
-
-    def transactional(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Run ``fn(session, ...)`` in a new transaction: commit on return, roll back on error.
-
-        ``async def`` handlers get a new AsyncSession, sync ones a Session. A decorated
-        call made while another one is running in the same thread (sync) or asyncio
-        task (async) joins the outer transaction instead of opening its own; tasks the
-        handler starts get their own, as an AsyncSession must not be shared by tasks.
-        """
-        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
-            # Its body would run after the transaction closed: nothing it sends would commit.
-            raise ConfigError(
-                "transactional: generator functions are not supported; return a value instead"
-            )
-        if inspect.iscoroutinefunction(fn):
-            return self._async_transactional(fn)
-        return self._sync_transactional(fn)
-
-    def _async_transactional(
-        self, fn: Callable[Concatenate[AsyncSession, P], Coroutine[Any, Any, R]]
-    ) -> Callable[P, Coroutine[Any, Any, R]]:
-        @functools.wraps(fn)
-        async def run_in_transaction(*args: P.args, **kwargs: P.kwargs) -> R:
-            task = asyncio.current_task()
-            outer = self._current_async.get()
-            if outer is not None and outer[1] is task:
-                return await fn(outer[0], *args, **kwargs)
-            if self._engine is None:
-                raise unbound()
-            async with self.async_session_factory() as session:
-                token = self._current_async.set((session, task))
-                try:
-                    async with session.begin():
-                        return await fn(session, *args, **kwargs)
-                finally:
-                    self._current_async.reset(token)
-
-        return run_in_transaction
-
-    def _sync_transactional(self, fn: Callable[Concatenate[Session, P], R]) -> Callable[P, R]:
-        @functools.wraps(fn)
-        def run_in_transaction(*args: P.args, **kwargs: P.kwargs) -> R:
-            outer = self._current.get()
-            if outer is not None:
-                return fn(outer, *args, **kwargs)
-            if self._engine is None:
-                raise unbound()
-            with self.session_factory() as session:
-                token = self._current.set(session)
-                try:
-                    with session.begin():
-                        return fn(session, *args, **kwargs)
-                finally:
-                    self._current.reset(token)
-
-        return run_in_transaction
-
-    @property
-    def listeners(self) -> tuple[RelayListener, ...]:
-        """The listeners the relay calls (``listener=`` and those added)."""
-        return self._listeners
-
-    def add_listener(self, listener: RelayListener) -> None:
-        """Call ``listener``'s hooks too, from the next event on (also while running)."""
-        with self._count_lock:
-            self._listeners = (*self._listeners, listener)
-            relay = self._relay
-        if relay is not None:
-            relay.add_listener(listener)
-
-    @property
-    def relay(self) -> Relay | None:
-        """The in-process ``relay.runtime.Relay`` last started (None before start()): its
-        ``running``, ``dispatcher`` and ``jobs`` are what metrics read."""
-        return self._relay
-
-    @property
-    def stats(self) -> Stats | None:
-        """Counters of the in-process relay (kept after stop), or None before start."""
-        relay = self._relay
-        return None if relay is None else relay.stats
-
     @contextmanager
     def recording(self) -> Iterator[list[Message]]:
         """``with ob.recording() as sent:``: ``sent`` lists the messages
@@ -447,146 +248,6 @@ class Outbox:
         with self._count_lock:  # one order for every open recording
             for sent in self._recordings:
                 sent.append(message)
-
-    def start(self, broker: str | Broker | None = None, *, sweeper: bool | None = None) -> None:
-        """Start the in-process relay: committed messages are published from memory.
-
-        Needs the database (``bind()``) and ``broker``. Returns at once, even while the
-        broker is unreachable: the relay keeps connecting in the background and the sweeper
-        covers the gap. It connects to the database once first (a process forked later must
-        not copy an engine in the middle of its first connection): an unreachable database
-        holds it up to the engine's connect timeout (``connect_timeout_s`` for an engine the
-        outbox built), then the relay keeps trying in the background.
-        In a process forked after start(), the first send() starts the child's own relay.
-
-        Starts nothing, with one INFO line, when ``start_relay`` is false
-        (``OUTBOX_START_RELAY=false``: CLI commands, task workers, tests) or the Outbox was
-        built with ``broker=""`` (an empty ``OUTBOX_BROKER``). ``broker`` and ``sweeper``
-        given here replace the Outbox's for this start (a test's ``ob.start(broker=
-        MemoryBroker(), sweeper=False)``), and a broker given here starts the relay
-        whatever ``start_relay`` says. While a relay runs, start() does nothing; asking it
-        for another broker or sweeper then is a ConfigError (stop() first).
-        """
-        engine = self.engine  # unbound: the ConfigError naming bind()
-        chosen = None if broker is None or no_broker(broker) else check_broker(broker)
-        running = self._relay is not None and self._relay.running
-        if chosen is None and sweeper is None and running:
-            return  # already started (by a test's fixture, say): nothing to do or tell
-        if chosen is None and not self._wanted(broker):
-            return
-        target = chosen or self.broker
-        if target is None:
-            raise ConfigError(
-                "broker: start() needs a broker URL, e.g. nats://127.0.0.1:4222, or a Broker"
-            )
-        with self._start_lock:  # send() in a forked child may race another thread's start()
-            relay = self._relay
-            if relay is None or not relay.running:
-                self._start(target, self.sweeper if sweeper is None else sweeper)
-                self._overrides = (chosen, sweeper)
-            elif (chosen, sweeper) != (None, None) and (chosen, sweeper) != self._overrides:
-                raise ConfigError(
-                    f"start: the relay already runs on {url_of(engine)}; stop() it before "
-                    "starting it with another broker or sweeper"
-                )
-            self._start_in_child = False  # only once started: a failed start is tried again
-
-    def _wanted(self, broker: object) -> bool:
-        """Whether start() without a broker of its own starts a relay; one line if not."""
-        if broker is not None:  # start(broker=""): no broker, said explicitly
-            log.info("relay not started: start() was given an empty broker")
-            return False
-        if not self.settings.start_relay:
-            log.info("relay not started: start_relay is false (OUTBOX_START_RELAY)")
-            return False
-        if self._no_broker:
-            log.info("relay not started: the broker is empty (OUTBOX_BROKER=''), no relay here")
-            return False
-        return True
-
-    def _start(self, broker: str | Broker, sweeper: bool) -> None:
-        from relay.runtime import Relay  # the app's one import of the relay layer
-
-        engine = relay_engine(self.engine)  # never the app's own connection: ConfigError
-        forks.first_connect(engine)
-        try:
-            relay = Relay(engine, broker, self.settings, self._listeners, sweeper=sweeper,
-                          own_engine=engine is not self.engine)  # fmt: skip
-        except BaseException:
-            if engine is not self.engine:
-                engine.dispose()
-            raise
-        relay.sweeper.batch_log_level = logging.DEBUG  # batches and purges: a worker's lines
-        relay.start()
-        log.info("outbox relay started: %s", relay.description)  # its one line at INFO
-        with self._count_lock:
-            self._relay = relay
-            for listener in self._listeners:  # one added meanwhile is missed: add it now
-                relay.add_listener(listener)
-
-    def _start_after_fork(self) -> None:
-        broker, sweeper = self._overrides  # as the parent's relay was started
-        try:
-            self.start(broker, sweeper=sweeper)
-        except Exception:  # send() goes on: the row waits in the table for a sweeper
-            self._start_retry_at = time.monotonic() + START_RETRY_S
-            log.exception("starting the relay in a forked process failed; next try in %s s",
-                          START_RETRY_S)  # fmt: skip
-
-    def _after_fork(self) -> None:
-        """In a forked child: new locks and pools, the parent's relay forgotten (outbox.forks)."""
-        self._count_lock, self._start_lock = threading.Lock(), threading.Lock()
-        for engine in self._engines():  # the app's too: the relay or its sessions use them
-            forks.fresh_pool(engine)
-        forks.abandon(self._relay)
-        self._start_in_child = self._start_in_child or (
-            self._relay is not None and self._relay.running
-        )
-        self._start_retry_at = 0.0
-        self._relay = None
-        self.committed = self.handed_off = 0
-
-    def _engines(self) -> set[Engine]:
-        """Every sync Engine this outbox or its session factories connect through."""
-        found = set() if self._engine is None else {self._engine}
-        if self._async_engine is not None:
-            found.add(self._async_engine.sync_engine)
-        for factory in (self.session_factory, self._async_factory):
-            bind = factory.kw.get("bind") if factory is not None else None
-            if isinstance(bind, Engine):
-                found.add(bind)
-            elif aio.is_async_engine(bind):
-                found.add(bind.sync_engine)
-        return found
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the relay: no new work; in-flight publishes and acks finish within ``timeout``.
-
-        Anything not yet published stays pending in the table for the sweeper. The
-        relay's thread and broker connection are gone when this returns, and so are
-        the pooled DB connections when the outbox created its engine itself. In a forked
-        child it stops the child's own relay and connections, never the parent's.
-        """
-        self._start_in_child = False
-        relay = self._relay
-        if relay is not None and relay.running:  # a second stop() does nothing
-            relay.stop(timeout)
-            log.info("outbox relay stopped")
-        if self._engine is not None and self._owns_engine:
-            self._engine.dispose()
-
-    async def stop_async(self, timeout: float = 5.0) -> None:
-        """``stop()`` off the event loop, then the pooled async connections the outbox made."""
-        await asyncio.to_thread(self.stop, timeout)
-        if self._async_engine is not None and self._owns_async_engine:
-            await self._async_engine.dispose()
-
-    def _on_commit(self, messages: list[Message], certain: bool) -> None:
-        relay = self._relay
-        taken = relay.submit(messages, check=not certain) if relay is not None else 0
-        with self._count_lock:
-            self.committed += len(messages)
-            self.handed_off += taken
 
     def _check_session(self, session: AnySession) -> Session:
         """The (underlying sync) Session, once it is known to write to this outbox's database."""
@@ -618,24 +279,6 @@ class Outbox:
         return session
 
 
-def no_broker(broker: object) -> bool:
-    """``""`` (or blanks): no broker, so no relay here (an empty ``OUTBOX_BROKER``)."""
-    return isinstance(broker, str) and not broker.strip()
-
-
-def unbound() -> ConfigError:
-    return ConfigError("db: this Outbox is not bound to a database yet; call ob.bind(engine)")
-
-
-def dispose(engine: Engine | AsyncEngine) -> None:
-    """Let go of an engine the outbox made: a sync one's pooled connections are closed; an
-    async one's can be closed only on their event loop, and are left to the collector."""
-    if isinstance(engine, Engine):
-        engine.dispose()
-    else:
-        engine.sync_engine.dispose(close=False)
-
-
 def canceled(withdrawn: bool, changed: bool | None) -> bool:
     """A cancel's answer: the written row's fate (``changed``, None when there is no row);
     else whether a staged message was withdrawn. A staged copy of a written row (the same
@@ -646,18 +289,6 @@ def canceled(withdrawn: bool, changed: bool | None) -> bool:
 # What the relay calls; a class need not subclass outbox.broker.Broker (whose
 # isinstance also asks for the async-with methods it only gives its subclasses).
 BROKER_METHODS = ("connect", "publish", "close")
-
-
-def check_broker(broker: object) -> str | Broker | None:
-    """A broker URL with a product scheme, a Broker object, or None; ConfigError else."""
-    if broker is None or isinstance(broker, str):
-        return check_broker_url(broker)
-    if not all(callable(getattr(broker, name, None)) for name in BROKER_METHODS):
-        raise ConfigError(
-            "broker: must be a URL or a Broker object (with connect, publish and close), "
-            f"got {type(broker).__name__}"
-        )
-    return cast(Broker, broker)
 
 
 def shown_broker(broker: str | Broker | None) -> str | None:

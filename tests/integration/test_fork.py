@@ -203,7 +203,7 @@ def test_a_child_whose_relay_failed_to_start_tries_again(
                 return real(relay)
 
             monkeypatch.setattr(runtime.Relay, "start", flaky)
-            monkeypatch.setattr("outbox.api.START_RETRY_S", 0.0)
+            monkeypatch.setattr("outbox.lifecycle.START_RETRY_S", 0.0)
             first = send(1)  # the start fails: this row waits for a sweeper
             second = send(2)  # tried again: the relay starts
             wait_until(lambda: second in fast.ids, what="the second by the fast path")
