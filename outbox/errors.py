@@ -69,3 +69,27 @@ class NotTransactional(ConfigError):
 class SchemaMissing(OutboxError):
     """The outbox's tables are not in the database ``send()`` writes to: run
     ``outbox migrate``. The driver's error is the ``__cause__``."""
+
+
+class InvalidMsgId(ConfigError):
+    """A msg_id an operator gave (a command's argument, a dashboard's parameter) is not
+    a UUID; ``field`` names where it was given."""
+
+    rule = "a msg_id (a UUID)"
+
+    def __init__(self, field: str, given: str) -> None:
+        self.field = field
+        self.given = given
+        self.said = f"not {self.rule}: {given!r}"
+        super().__init__(f"{field}: {self.said}")
+
+
+class UnknownMessage(OutboxError, LookupError):
+    """No row has the msg_id an operator named: a typo, or a message purged by retention."""
+
+    def __init__(self, field: str, msg_ids: list[str]) -> None:
+        self.field = field
+        self.msg_ids = msg_ids
+        super().__init__(
+            f"{field}: no message {', '.join(msg_ids)} (a typo, or purged by retention)"
+        )

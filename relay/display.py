@@ -1,14 +1,14 @@
 """How a message is shown to an operator, by the CLI (relay.cli) and the dashboard
-(relay.dashboard) alike: ages, text with control characters escaped, payloads as text or
-escaped bytes, a failed message's fields."""
+(relay.dashboard) alike: ages, text with control characters escaped, an error in one
+line, payloads as text or escaped bytes, a failed message's fields.
+
+A leaf: it imports nothing of relay, so that any part (the sweep side's log lines too)
+may show an error the way the others do."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
-
-from outbox.table import DEAD
-from relay import store
 
 
 def duration(seconds: float) -> str:
@@ -22,6 +22,17 @@ def duration(seconds: float) -> str:
 def safe(text: str) -> str:
     """Text fit for a terminal: control characters (a planted row may hold escapes) escaped."""
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def one_line(text: str, limit: int | None = None, every_line: bool = False) -> str:
+    """An error as one line: its first line (every line, joined, when ``every_line``),
+    runs of spaces collapsed, cut to ``limit`` characters with "..." when longer."""
+    lines = text.strip().splitlines()
+    kept = lines if every_line else lines[:1]
+    line = " ".join(" ".join(kept).split())
+    if limit is None or len(line) <= limit:
+        return line
+    return line[: limit - 3] + "..."
 
 
 def utf8(payload: bytes, cut: bool) -> str | None:
@@ -42,11 +53,12 @@ def payload_text(payload: bytes, cut: bool) -> str:
     return "\n".join(safe(line) for line in text.split("\n"))
 
 
-def failure_json(row: store.Failure, now: datetime) -> dict[str, Any]:
-    """A dead or failing message's fields (`outbox dead --json`, the dashboard's /dead)."""
+def failure_json(row: Any, now: datetime) -> dict[str, Any]:
+    """A dead or failing message's fields (`outbox dead --json`, the dashboard's /dead),
+    from a relay.operator.Failure."""
     return {
         "msg_id": str(row.msg_id),
-        "status": row.status if row.status == DEAD else store.FAILING,
+        "status": row.status,
         "topic": row.topic,
         "key": row.key,
         "seq": row.seq,

@@ -46,6 +46,7 @@ from relay.cli.common import (
     refuse_missing_sqlite,
 )
 from relay.cli.settings_flags import settings_from_args
+from relay.display import one_line
 
 GROUPS: tuple[CommandGroup, ...] = (schema, messages, run, data)
 GROUPS += (*plugins().command_groups, dashboard)  # model B's before dashboard, as ever
@@ -203,15 +204,15 @@ class Scrubber(logging.Filter):
 def describe_error(exc: Exception, db: str | None = None) -> str:
     """One line, without the SQL echo or a password; a database error names the database."""
     if isinstance(exc, OutboxError):
-        return " ".join(str(exc).split()) or type(exc).__name__
+        return one_line(str(exc), every_line=True) or type(exc).__name__
     if isinstance(exc, ImportError) and (extra := EXTRA_OF.get(top_module(exc.name))):
         return f"needs the '{extra}' extra ({exc.name} is missing): {install(extra)}"
     if isinstance(exc, SQLAlchemyError):
         orig = getattr(exc, "orig", None)
-        text = first_line(str(orig if orig is not None else exc))
+        text = one_line(str(orig if orig is not None else exc))
         where = f" (database {mask_url(db)})" if db else ""
         return f"{type(exc).__name__}: {text}{where}"
-    return f"{type(exc).__name__}: {first_line(str(exc))}"
+    return f"{type(exc).__name__}: {one_line(str(exc))}"
 
 
 def top_module(name: str | None) -> str:
@@ -220,11 +221,6 @@ def top_module(name: str | None) -> str:
 
 def install(extra: str) -> str:
     return f"pip install 'outbox-relay[{extra}]'"
-
-
-def first_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    return " ".join(lines[0].split()) if lines else ""
 
 
 __all__ = ["COMMANDS", "UsageError", "build_parser", "main"]

@@ -17,6 +17,7 @@ from outbox import Outbox
 from outbox.errors import ConfigError
 from outbox.settings import Settings
 from relay.cli.common import UsageError
+from relay.display import one_line
 
 FLAG = "--app"
 
@@ -98,5 +99,4 @@ def import_app_module(name: str) -> object:
 
 
 def describe(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {' '.join(lines[0].split()) if lines else ''}"
+    return f"{type(exc).__name__}: {one_line(str(exc))}"

@@ -5,16 +5,19 @@ from __future__ import annotations
 import argparse
 import os
 import textwrap
-import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeAlias, TypeVar
 
 from sqlalchemy import Engine, make_url
 
+from outbox import migrate
 from outbox.dialects import dialect_for
 from outbox.engines import engine_from
-from outbox.errors import OutboxError
+from outbox.errors import InvalidMsgId, OutboxError, UnknownMessage
 from relay.cli.settings_flags import add_settings_flags
+from relay.operator import READ_TIMEOUT_S, Operator, parse_msg_id
 from spark_jobs.flags import bounded_int
 
 # Exit statuses: one meaning each, the same for every command (README, `outbox --help`).
@@ -40,7 +43,6 @@ EXIT_STATUSES = (
     ("130, 143", "stopped by SIGINT (Ctrl-C) or SIGTERM (drain; relay on a second signal)"),
     ("141", "stdout closed by its reader (`outbox migrate --sql` piped to `head`): quietly"),
 )  # fmt: skip
-READ_TIMEOUT_S = 60.0  # a CLI read (status, requeue, drain's count) waits this long at most
 PORT = bounded_int(1, 65535)  # --port, --metrics-port
 # Every numeric flag's type is one of spark_jobs.flags' bounded_int, bounded_number and
 # bounded_seconds (a documented range, exit status 2 outside it); settings flags are
@@ -67,10 +69,11 @@ def exit_statuses_text() -> str:
 
 
 def msg_id(text: str) -> str:
+    """A MSG_ID argument's type (argparse names the flag in its error)."""
     try:
-        return str(uuid.UUID(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a msg_id (a UUID): {text!r}") from None
+        return parse_msg_id(text, "MSG_ID")
+    except InvalidMsgId as exc:
+        raise argparse.ArgumentTypeError(exc.said) from None
 
 
 def add_debug_flag(parser: argparse.ArgumentParser, default: object = argparse.SUPPRESS) -> None:
@@ -114,6 +117,20 @@ def database(args: argparse.Namespace, reads: bool = False) -> Engine:
     """The engine for --db, with the command line's timeouts (reads bounded when asked)."""
     timeout = args.settings.connect_timeout_s  # resolved by main(): flag, app, env, default
     return engine_from(args.db, timeout, READ_TIMEOUT_S if reads else None)
+
+
+@contextmanager
+def operator_on(args: argparse.Namespace) -> Iterator[Operator]:
+    """The operator service on --db (reads bounded by READ_TIMEOUT_S), once the schema is
+    checked; disposed of after. A msg_id with no row is bad usage (exit status 2)."""
+    engine = database(args, reads=True)
+    try:
+        migrate.require_schema(engine)
+        yield Operator(engine)
+    except UnknownMessage as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        engine.dispose()
 
 
 def refuse_missing_sqlite(url: str) -> None:

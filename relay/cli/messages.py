@@ -17,24 +17,21 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from outbox import migrate
 from outbox.settings import LARGEST_PAYLOAD
 from outbox.table import DEAD, PENDING
-from relay import store
 from relay.cli.common import (
     EXIT_DATA,
     EXIT_OK,
     EXIT_USAGE,
     Commands,
-    UsageError,
     add_db_flag,
-    database,
     msg_id,
+    operator_on,
 )
-from relay.display import duration, failure_json, payload_text, safe, utf8
+from relay.display import duration, failure_json, one_line, payload_text, safe, utf8
+from relay.operator import KINDS, Failure, SkipOutcome
 from spark_jobs.flags import bounded_int
 
-KINDS = {"dead": (DEAD,), "failing": (store.FAILING,), "both": (DEAD, store.FAILING)}
 ERROR_CHARS = 100  # the last error in `outbox dead`'s table: one line, cut
 PREVIEW_BYTES = 1024  # `outbox show` prints this much of the payload unless --full
 PAGE = bounded_int(1, 10_000)  # `outbox dead --limit`: a page, not the whole table
@@ -45,13 +42,6 @@ HISTORY = (
     "the table keeps the latest attempt only: attempts counts them, last_error and "
     "next_attempt_at are the last one's; sent_at and receipt once sent"
 )
-
-
-class UnknownMessage(UsageError):
-    """No row has the msg_id asked for (a typo, or purged): bad usage, as `requeue --id`."""
-
-    def __init__(self, flag: str, wanted: str) -> None:
-        super().__init__(f"{flag}: no message {wanted} (a typo, or purged by retention)")
 
 
 def add_dead(commands: Commands) -> None:
@@ -122,15 +112,10 @@ def add_skip(commands: Commands) -> None:
 
 
 def cmd_dead(args: argparse.Namespace) -> int:
-    engine = database(args, reads=True)
-    try:
-        migrate.require_schema(engine)
-        with engine.connect() as conn:
-            now = store.db_clock(conn)
-            before = None if args.before is None else known_row(conn, args.before)
-            rows = store.failures(conn, KINDS[args.status], args.topic, args.limit, before)
-    finally:
-        engine.dispose()
+    with operator_on(args) as operator:
+        now, rows, _ = operator.dead(
+            KINDS[args.status], args.topic, args.limit, args.before, field="--before"
+        )
     more = str(rows[-1].msg_id) if len(rows) == args.limit else None
     if args.json:
         listed = [failure_json(r, now) for r in rows]
@@ -140,14 +125,7 @@ def cmd_dead(args: argparse.Namespace) -> int:
     return EXIT_DATA if any(r.status == DEAD for r in rows) else EXIT_OK
 
 
-def known_row(conn: Any, wanted: str) -> int:
-    row_id = store.row_id_of(conn, wanted)
-    if row_id is None:
-        raise UnknownMessage("--before", wanted)
-    return row_id
-
-
-def print_failures(rows: Sequence[store.Failure], now: datetime, more: str | None) -> None:
+def print_failures(rows: Sequence[Failure], now: datetime, more: str | None) -> None:
     if not rows:
         print("no dead or failing messages")
         return
@@ -155,13 +133,13 @@ def print_failures(rows: Sequence[store.Failure], now: datetime, more: str | Non
     table = [
         [
             str(r.msg_id),
-            r.status if r.status == DEAD else store.FAILING,
+            r.status,
             safe(r.topic),
             "-" if r.key is None else safe(r.key),
             "-" if r.seq is None else str(r.seq),
             str(r.attempts),
             duration((now - r.created_at).total_seconds()),
-            blocks(r) + one_line(r.last_error or "", ERROR_CHARS),
+            blocks(r) + error_cell(r.last_error or ""),
         ]
         for r in rows
     ]
@@ -172,28 +150,21 @@ def print_failures(rows: Sequence[store.Failure], now: datetime, more: str | Non
         print(f"more: --before {more}")
 
 
-def blocks(row: store.Failure) -> str:
+def blocks(row: Failure) -> str:
     """A dead ordered head holds its key: said before its error."""
     if row.blocks_behind is None:
         return ""
     return f"[blocks key {safe(row.key or '')} ({row.blocks_behind} behind)] "
 
 
-def one_line(text: str, limit: int) -> str:
-    line = safe(" ".join(text.split()))
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+def error_cell(text: str) -> str:
+    """The whole error in one line, escaped, then cut (an escape may lengthen it)."""
+    return one_line(safe(one_line(text, every_line=True)), ERROR_CHARS)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    engine = database(args, reads=True)
-    try:
-        migrate.require_schema(engine)
-        with engine.connect() as conn:
-            row = store.message(conn, args.msg_id, None if args.full else args.bytes)
-    finally:
-        engine.dispose()
-    if row is None:
-        raise UnknownMessage("MSG_ID", args.msg_id)
+    with operator_on(args) as operator:
+        row = operator.show(args.msg_id, None if args.full else args.bytes, field="MSG_ID")
     if args.json:
         print(json.dumps(message_json(row)))
     else:
@@ -244,13 +215,8 @@ def print_message(row: dict[str, Any]) -> None:
 
 def cmd_skip(args: argparse.Namespace) -> int:
     ids = list(dict.fromkeys(args.msg_ids))  # each once, in the order given
-    engine = database(args, reads=True)
-    try:
-        migrate.require_schema(engine)
-        with engine.begin() as conn:  # one transaction: the keys are released together
-            outcomes = store.skip(conn, ids)
-    finally:
-        engine.dispose()
+    with operator_on(args) as operator:
+        outcomes = operator.skip(ids)  # one transaction: the keys are released together
     if args.json:
         print(json.dumps({"messages": [skip_json(o) for o in outcomes]}))
     else:
@@ -269,7 +235,7 @@ SKIP_SAYS = {
 }
 
 
-def skip_line(outcome: store.SkipOutcome) -> str:
+def skip_line(outcome: SkipOutcome) -> str:
     said = outcome.outcome.replace("_", " ")
     if outcome.outcome != "skipped":
         return f"{outcome.msg_id}  {said} ({SKIP_SAYS[outcome.outcome]})"
@@ -280,7 +246,7 @@ def skip_line(outcome: store.SkipOutcome) -> str:
     return f"{outcome.msg_id}  skipped (was {outcome.was}{note}; {where})"
 
 
-def released(outcome: store.SkipOutcome) -> str | None:
+def released(outcome: SkipOutcome) -> str | None:
     """The warning for a skipped ordered message: its key goes on without it."""
     if outcome.outcome != "skipped" or outcome.seq is None:
         return None
@@ -290,7 +256,7 @@ def released(outcome: store.SkipOutcome) -> str | None:
     return f"{key} released: its next message goes now (seq {outcome.seq} will not be delivered)"
 
 
-def skip_json(outcome: store.SkipOutcome) -> dict[str, Any]:
+def skip_json(outcome: SkipOutcome) -> dict[str, Any]:
     shown = outcome._asdict()
     held = shown.pop("held_by_earlier")
     ordered = outcome.outcome == "skipped" and outcome.seq is not None

@@ -21,7 +21,6 @@ from outbox import migrate
 from outbox.errors import OutboxError
 from outbox.events import SweepResult
 from outbox.secrets import mask_url
-from relay import store
 from relay.cli.app import add_app_flag
 from relay.cli.common import (
     EXIT_DATA,
@@ -38,6 +37,7 @@ from relay.cli.schema import blocked_json
 from relay.cli.settings_flags import add_settings_flags
 from relay.cli.stopping import STOP_SIGNALS, StopSignals, exit_status, signals_blocked
 from relay.display import safe
+from relay.operator import BlockedKey, Operator
 from relay.runtime import Relay
 from relay.sweep.scheduler import publish_due
 from relay.sweep.sweeper import Sweeper
@@ -248,7 +248,7 @@ class Left(NamedTuple):
     scheduled: int = 0
     blocked: int = 0
     blocked_keys: int = 0
-    heads: tuple[store.BlockedKey, ...] = ()  # the oldest HEADS_SHOWN dead heads
+    heads: tuple[BlockedKey, ...] = ()  # the oldest HEADS_SHOWN dead heads
     now: datetime | None = None  # the database clock when counted
 
 
@@ -256,15 +256,12 @@ NOTHING_LEFT = Left()
 
 
 def left_pending(engine: Engine) -> Left:
-    """Counted by store.backlog_by_topic, as `outbox status` counts them."""
-    with engine.connect() as conn:
-        now = store.db_clock(conn)
-        backlog = store.backlog_by_topic(conn, now)
-        blocked = sum(row.blocked for row in backlog)
-        heads = tuple(store.dead_heads(conn, HEADS_SHOWN)) if blocked else ()
+    """Counted by Operator.status, as `outbox status` counts them."""
+    now, backlog, _, heads = Operator(engine).status(blocked_limit=HEADS_SHOWN, settled=False)
+    blocked = sum(row.blocked for row in backlog)
     scheduled = sum(row.scheduled for row in backlog)
     keys = sum(row.blocked_keys for row in backlog)
-    return Left(scheduled, blocked, keys, heads, now)
+    return Left(scheduled, blocked, keys, tuple(heads) if blocked else (), now)
 
 
 def backlog(args: argparse.Namespace) -> tuple[Engine, int]:
@@ -273,8 +270,7 @@ def backlog(args: argparse.Namespace) -> tuple[Engine, int]:
     engine = database(args)
     try:
         migrate.require_schema(engine)
-        with engine.connect() as conn:
-            return engine, store.pending_count(conn) - store.scheduled_count(conn)
+        return engine, Operator(engine).due_count()
     except BaseException:
         engine.dispose()
         raise

@@ -9,11 +9,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine
-
 from outbox import migrate
 from outbox.secrets import mask_url
-from relay import store
 from relay.cli.app import add_app_flag
 from relay.cli.common import (
     EXIT_DEAD,
@@ -23,20 +20,22 @@ from relay.cli.common import (
     add_db_flag,
     database,
     msg_id,
+    operator_on,
 )
 from relay.cli.progress import counting
 from relay.display import duration, safe
+from relay.operator import REQUEUE_BATCH, STUCK_AFTER_S, Backlog, BlockedKey, Operator, Overtaken
 from spark_jobs.flags import SLA_SECONDS, bounded_int
 
 BLOCKED_LISTED = 20  # blocked keys `outbox status` lists; the rest are counted
 BLOCKED_LIMIT = bounded_int(1, 10_000)  # --blocked-limit: a page, not the whole table
 COUNTS = ("pending", "stuck", "blocked", "dead", "skipped", "blocked_keys", "scheduled",
           "canceled", "sent_1m", "sent_1h")  # fmt: skip
-SETTLED = ("skipped", "canceled", "sent_1m", "sent_1h")  # store.settled_by_topic's
+SETTLED = ("skipped", "canceled", "sent_1m", "sent_1h")  # the settled counts of Status
 # The table's columns; next_due is shown as "in 12s" (--json: an ISO time and next_due_in_s).
 HEADER = ("topic", "pending", "stuck", "blocked", "oldest_pending_age_s", "dead", "skipped",
           "blocked_keys", "scheduled", "next_due", "canceled", "sent_1m", "sent_1h")  # fmt: skip
-SLA_S = store.STUCK_AFTER_S  # `outbox reconcile --sla`'s default: the same rows are stuck in both
+SLA_S = STUCK_AFTER_S  # `outbox reconcile --sla`'s default: the same rows are stuck in both
 
 
 def add_migrate(commands: Commands) -> None:
@@ -143,16 +142,9 @@ def migrated(before: str | None, after: str | None) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    engine = database(args, reads=True)
-    try:
-        migrate.require_schema(engine)
-        with engine.connect() as conn:
-            now = store.db_clock(conn)
-            topics = status_rows(store.backlog_by_topic(conn, now, args.sla),
-                                 store.settled_by_topic(conn, now))  # fmt: skip
-            blocked = store.dead_heads(conn, args.blocked_limit)
-    finally:
-        engine.dispose()
+    with operator_on(args) as operator:
+        now, backlog, settled, blocked = operator.status(args.sla, args.blocked_limit)
+    topics = status_rows(backlog, settled)
     dues = [row["next_due"] for row in topics if row["next_due"] is not None]
     for row in topics:
         oldest = row.pop("oldest_pending")
@@ -174,13 +166,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_DEAD if totals["dead"] else EXIT_OK
 
 
-def status_rows(
-    backlog: list[store.Backlog], settled: dict[str, dict[str, int]]
-) -> list[dict[str, Any]]:
-    """A row per topic, by topic: its backlog (store.backlog_by_topic, the figures the
-    dashboard and the gauges show too) and its settled rows (0 where it has none)."""
+def status_rows(backlog: list[Backlog], settled: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+    """A row per topic, by topic: its backlog (the figures the dashboard and the gauges
+    show too) and its settled rows (0 where it has none)."""
     by_topic = {row.topic: row._asdict() for row in backlog}
-    empty = store.Backlog("", 0, 0, 0, None, 0, 0, 0, None)._asdict()
+    empty = Backlog("", 0, 0, 0, None, 0, 0, 0, None)._asdict()
     rows = []
     for topic in sorted(by_topic.keys() | settled.keys()):
         row = by_topic.get(topic) or empty | {"topic": topic}
@@ -196,7 +186,7 @@ def next_due_json(due: datetime | None, now: datetime) -> dict[str, Any]:
     return {"next_due": due.isoformat(), "next_due_in_s": round((due - now).total_seconds(), 3)}
 
 
-def blocked_json(key: store.BlockedKey, now: datetime) -> dict[str, Any]:
+def blocked_json(key: BlockedKey, now: datetime) -> dict[str, Any]:
     return {
         "topic": key.topic,
         "key": key.key,
@@ -260,41 +250,25 @@ def print_table(header: Sequence[str], rows: list[list[str]]) -> None:
 def cmd_requeue(args: argparse.Namespace) -> int:
     if not (args.dead or args.topic or args.ids):
         raise UsageError("give --dead, --topic or --id (refusing to requeue everything)")
-    engine = database(args, reads=True)
-    try:
-        migrate.require_schema(engine)
-        with engine.connect() as conn:
-            refuse_unknown_ids(conn, args.ids)  # before any change
-            warn_overtaken(conn, args.ids)
-            total = store.requeue_count(conn, args.dead, args.topic, args.ids)
-        count = requeue_in_batches(engine, args, total)
-    finally:
-        engine.dispose()
+    with operator_on(args) as operator:
+        total, overtaken = operator.requeue_plan(args.dead, args.topic, args.ids, "--id")
+        warn_overtaken(overtaken)  # nothing changed yet (an unknown --id: exit 2 before)
+        count = requeue_in_batches(operator, args, total)
     print(json.dumps({"requeued": count}) if args.json else f"requeued {count} message(s)")
     return EXIT_OK
 
 
-def requeue_in_batches(engine: Engine, args: argparse.Namespace, total: int) -> int:
-    """Requeue batch by batch, each its own transaction, with progress on stderr.
-
-    A requeue stopped halfway has requeued whole batches: the rows are then pending or
-    still dead, never half changed, and running it again takes the rest.
-    """
-    count, after = 0, 0
-    with counting("requeue", total, visible=total > store.REQUEUE_BATCH) as shown:
-        while True:
-            with engine.begin() as conn:
-                done, last = store.requeue_batch(conn, args.dead, args.topic, args.ids, after)
-            if last is None:
-                return count
-            count, after = count + done, last
-            shown.add(done)
+def requeue_in_batches(operator: Operator, args: argparse.Namespace, total: int) -> int:
+    """Requeue batch by batch, each its own transaction (Operator.requeue), with progress
+    on stderr when there is more than one batch."""
+    with counting("requeue", total, visible=total > REQUEUE_BATCH) as shown:
+        return operator.requeue(args.dead, args.topic, args.ids, on_batch=shown.add)
 
 
-def warn_overtaken(conn: Connection, ids: list[str]) -> None:
+def warn_overtaken(overtaken: list[Overtaken]) -> None:
     """An ordered message named by --id whose key went on without it (it was skipped, or
     sent and is republished) arrives after the key's later messages: say so, on stderr."""
-    for row in store.overtaken(conn, ids) if ids else []:
+    for row in overtaken:
         print(
             f"warning: {row.msg_id} is seq {row.seq} of key {safe(row.key)!r} of topic "
             f"{safe(row.topic)}, "
@@ -302,13 +276,6 @@ def warn_overtaken(conn: Connection, ids: list[str]) -> None:
             "order (and `outbox reconcile` counts it so)",
             file=sys.stderr,
         )
-
-
-def refuse_unknown_ids(conn: Connection, ids: list[str]) -> None:
-    """An --id with no row is a typo or a purged message: say so (exit 2), requeue nothing."""
-    unknown = store.unknown_ids(conn, ids) if ids else []
-    if unknown:
-        raise UsageError(f"--id: no message {', '.join(unknown)} (a typo, or purged by retention)")
 
 
 PARSERS = (add_migrate, add_status, add_requeue)

@@ -26,16 +26,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from outbox.engines import engine_from
-from outbox.errors import ConfigError
-from outbox.table import DEAD, PENDING
-from relay import Page, plugins, store
-from relay.cli.common import READ_TIMEOUT_S
+from outbox.errors import ConfigError, UnknownMessage
+from outbox.table import DEAD
+from relay import Page, plugins
 from relay.dashboard import guard, reports
 from relay.dashboard.database import Database, DatabaseDown
 from relay.dashboard.overview import OVERVIEW_CACHE_S, Cached, RelayMetrics, overview
 from relay.dashboard.params import MsgId, Params, Text, Whole, checker, number
 from relay.dashboard.params import text as text_param
 from relay.display import duration, failure_json, payload_text
+from relay.operator import READ_TIMEOUT_S, Failure, Operator, actions_for
 
 HERE = Path(__file__).parent
 log = logging.getLogger("relay.dashboard")
@@ -80,6 +80,7 @@ class Config:
     token: str | None
     sessions: guard.Sessions
     overview: Cached
+    operator: Operator  # every read and action of the pages, through ``database``
     pages: Sequence[Page] = ()  # the plugins' pages, linked from the nav
 
 
@@ -108,12 +109,13 @@ def create_app(
     folder = None if reports is None else Path(reports)
     if folder is not None and not folder.is_dir():
         raise ConfigError(f"reports: not a folder: {folder}")
-    if isinstance(engine_or_url, str):  # bounded reads, as the CLI's (relay.cli.common)
+    if isinstance(engine_or_url, str):  # bounded reads, as the CLI's (relay.operator)
         engine = engine_from(engine_or_url, read_timeout_s=READ_TIMEOUT_S)
     else:
         engine = engine_or_url
     metrics = None if metrics_url is None else RelayMetrics(metrics_url)
     database = Database(engine)
+    operator = Operator(engine, database.reading, database.writing)  # outages: DatabaseDown
     config = Config(
         database,
         folder,
@@ -121,7 +123,8 @@ def create_app(
         allow_actions,
         token,
         guard.Sessions(),
-        Cached(lambda: overview(database, metrics), overview_cache_s),
+        Cached(lambda: overview(operator, metrics), overview_cache_s),
+        operator,
     )
     config.pages = plugin_pages()
     owned = engine if isinstance(engine_or_url, str) else None
@@ -352,21 +355,19 @@ def dead_page(request: Request) -> Response:
     before = text_param(request, "before")
     before_id = number(request, "before_id")
     topic = text_param(request, "topic")
-    with config.database.reading() as conn:
-        now = store.db_clock(conn)
-        if before is not None:
-            before_id = store.row_id_of(conn, before)
-            if before_id is None:
-                raise bad(f"before: no message {before} (a typo, or purged)")
-        rows = store.failures(conn, (DEAD,), topic, limit, before_id)
-        previews = store.payload_previews(conn, [r.id for r in rows], PREVIEW_BYTES)
+    try:
+        now, rows, previews = config.operator.dead(
+            (DEAD,), topic, limit, before, before_id, preview_bytes=PREVIEW_BYTES
+        )
+    except UnknownMessage:
+        raise bad(f"before: no message {before} (a typo, or purged)") from None
     listed = [dead_row(r, previews.get(r.id, (b"", 0)), now) for r in rows]
     more = rows[-1].id if len(rows) == limit else None
     context = {"rows": listed, "more": more, "limit": limit, "topic": topic, "before": before}
     return page(request, "dead.html", context)
 
 
-def dead_row(row: store.Failure, preview: tuple[bytes, int], now: datetime) -> dict[str, Any]:
+def dead_row(row: Failure, preview: tuple[bytes, int], now: datetime) -> dict[str, Any]:
     head, size = preview
     return {
         **failure_json(row, now),
@@ -389,10 +390,10 @@ ACTION_PARAMS: Params = {"msg_id": MsgId(), "action": Text(40)}  # an unknown on
 
 def message_page(request: Request) -> Response:
     wanted = checked_msg_id(request)
-    with config_of(request).database.reading() as conn:
-        row = store.message(conn, wanted, MESSAGE_PREVIEW_BYTES)
-    if row is None:
-        raise HTTPException(404, f"no message {wanted} (a typo, or purged by retention)")
+    try:
+        row = config_of(request).operator.show(wanted, MESSAGE_PREVIEW_BYTES)
+    except UnknownMessage:
+        raise HTTPException(404, f"no message {wanted} (a typo, or purged by retention)") from None
     payload = bytes(row["payload"])
     context = {
         "row": row,
@@ -400,22 +401,14 @@ def message_page(request: Request) -> Response:
         "preview": payload_text(payload, len(payload) < row["size"]),
         "cut": len(payload) < row["size"],
         "shown_bytes": len(payload),
-        "possible": possible_actions(row["status"]),
+        "possible": list(actions_for(row["status"])),
         "descriptions": ACTIONS,
     }
     return page(request, "message.html", context)
 
 
-def possible_actions(status: str) -> list[str]:
-    if status == DEAD:
-        return ["requeue", "skip", "delete"]
-    return ["skip"] if status == PENDING else []
-
-
 def blocked_page(request: Request) -> Response:
-    with config_of(request).database.reading() as conn:
-        now = store.db_clock(conn)
-        keys = store.dead_heads(conn, BLOCKED_SHOWN)
+    now, keys = config_of(request).operator.blocked_keys(BLOCKED_SHOWN)
     rows = [
         {
             **k._asdict(),
@@ -513,10 +506,10 @@ def confirm_page(request: Request, action: str) -> Response:
         if action in ACTIONS:
             return RedirectResponse(f"/login?next=/messages/{wanted}/{action}", status_code=303)
     wanted, _ = action_target(request, action)
-    with config.database.reading() as conn:
-        row = store.message(conn, wanted, PREVIEW_BYTES)
-    if row is None:
-        raise HTTPException(404, f"no message {wanted}")
+    try:
+        row = config.operator.show(wanted, PREVIEW_BYTES)
+    except UnknownMessage:
+        raise HTTPException(404, f"no message {wanted}") from None
     form_session(request)
     context = {"row": row, "msg_id": wanted, "action": action, "description": ACTIONS[action]}
     return page(request, "confirm.html", context)
@@ -545,8 +538,8 @@ async def act(request: Request, action: str) -> Response:
     wanted, actor = action_target(request, action)
     if actor == "session":
         await checked_form(request)
-    database = config_of(request).database
-    done, said = await run_in_threadpool(run_action, database, action, wanted)
+    operator = config_of(request).operator
+    done, said = await run_in_threadpool(operator.act, action, wanted)
     log.info("dashboard: %s msg_id=%s by %s (%s): %s", action, wanted, client(request), actor, said)
     if actor == "token":
         return JSONResponse(
@@ -555,19 +548,6 @@ async def act(request: Request, action: str) -> Response:
         )
     context = {"msg_id": wanted, "action": action, "done": done, "said": said}
     return page(request, "done.html", context, 200 if done else 409)
-
-
-def run_action(database: Database, action: str, msg_id: str) -> tuple[bool, str]:
-    """Do ``action`` to a dead (or, for skip, pending) message: (done, what happened)."""
-    with database.writing() as conn:
-        if action == "requeue":
-            done = store.requeue(conn, True, None, [msg_id]) == 1
-            return done, "requeued: pending again" if done else "not requeued: it is not dead"
-        if action == "skip":
-            [outcome] = store.skip(conn, [msg_id])
-            return outcome.outcome == "skipped", outcome.outcome.replace("_", " ")
-        done = store.delete_dead(conn, msg_id)
-        return done, "deleted" if done else "not deleted: it is not dead"
 
 
 def client(request: Request) -> str:

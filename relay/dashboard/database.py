@@ -20,6 +20,7 @@ from sqlalchemy import Connection, Engine, exc, text
 
 from outbox.dialects import dialect_for
 from outbox.secrets import scrub, url_of
+from relay.display import one_line
 from relay.outage import Outage
 
 log = logging.getLogger("relay.dashboard")
@@ -82,7 +83,7 @@ class Database:
     def detail(self, error: Exception) -> str:
         """The error's first line for the log, without the URL's secrets."""
         cause = getattr(error, "orig", None) or error
-        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        first = one_line(str(cause)) or type(cause).__name__
         return scrub(first, [self.engine.url.render_as_string(hide_password=False)])
 
     def health(self) -> dict[str, Any]:

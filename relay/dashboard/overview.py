@@ -14,13 +14,10 @@ from typing import Any
 
 import plotly.graph_objects as go
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import Connection
 
-from outbox.dialects import dialect_for
 from outbox.secrets import mask_url
-from relay import store
-from relay.dashboard.database import Database
 from relay.metrics import age_s
+from relay.operator import Backlog, Minute, Operator
 
 HOUR = timedelta(hours=1)
 MINUTES = 60  # the charts' span, a bar or a point per minute
@@ -32,14 +29,11 @@ METRICS_CACHE_S = 2.0  # one scrape for all the pages polling within this time
 OVERVIEW_CACHE_S = 2.0  # one set of queries for all the pages polling within this time
 
 
-def overview(db: Database, metrics: RelayMetrics | None) -> dict[str, Any]:
+def overview(operator: Operator, metrics: RelayMetrics | None) -> dict[str, Any]:
     """What /api/overview answers (the overview page shows it but the charts, which its
-    script draws from /api/overview); DatabaseDown when the database does not answer."""
-    with db.reading() as conn:
-        now = store.db_clock(conn)
-        backlog = store.backlog_by_topic(conn, now)
-        sent = store.sent_by_topic(conn, now - HOUR)
-        minutes, capped = per_minute(conn, now)
+    script draws from /api/overview); DatabaseDown when the database does not answer
+    (``operator`` reads through the dashboard's Database)."""
+    now, backlog, sent, minutes, capped = operator.activity(HOUR, MINUTES, CHART_ROWS)
     topics = topic_rows(backlog, sent, now)
     return {
         "now": now.isoformat(),
@@ -54,10 +48,10 @@ COUNTS = ("pending", "blocked", "stuck", "scheduled", "dead", "blocked_keys", "s
 
 
 def topic_rows(
-    backlog: Sequence[store.Backlog], sent: dict[str, int], now: datetime
+    backlog: Sequence[Backlog], sent: dict[str, int], now: datetime
 ) -> list[dict[str, Any]]:
     """Per topic: the backlog's figures (as `outbox status` and the gauges count them,
-    stuck by store.STUCK_AFTER_S) and the sends of the last hour."""
+    stuck by relay.operator.STUCK_AFTER_S) and the sends of the last hour."""
     by_topic = {row.topic: row for row in backlog}
     rows = []
     for topic in sorted(by_topic.keys() | sent.keys()):
@@ -88,26 +82,7 @@ def totals(topics: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return total
 
 
-def per_minute(conn: Connection, now: datetime) -> tuple[list[store.Minute], bool]:
-    """Sends per minute of the last hour and their latency percentiles: by the database
-    where it computes percentiles (PostgreSQL); elsewhere from the latest CHART_ROWS sends
-    (True: capped there)."""
-    since = now.replace(second=0, microsecond=0) - timedelta(minutes=MINUTES - 1)
-    if dialect_for(conn).percentiles_in_sql:
-        return store.sent_per_minute_pg(conn, since), False
-    times = store.sent_times(conn, since, CHART_ROWS)
-    latencies: dict[datetime, list[float]] = {}
-    for created, sent in times:
-        minute = sent.replace(second=0, microsecond=0)
-        latencies.setdefault(minute, []).append((sent - created).total_seconds() * 1000)
-    minutes = [
-        store.Minute(m, len(v), percentile(v, 0.5), percentile(v, 0.99))
-        for m, v in latencies.items()
-    ]
-    return minutes, len(times) >= CHART_ROWS
-
-
-def charts(minutes: Sequence[store.Minute], now: datetime, capped: bool) -> dict[str, Any]:
+def charts(minutes: Sequence[Minute], now: datetime, capped: bool) -> dict[str, Any]:
     """Sent per minute and commit->ack p50/p99 per minute over the last hour, as Plotly
     figures (JSON-ready dicts); a minute without sends is a gap in the latency lines."""
     start = now.replace(second=0, microsecond=0) - timedelta(minutes=MINUTES - 1)
@@ -163,14 +138,6 @@ def figure(fig: go.Figure) -> dict[str, Any]:
     """A figure as plain JSON data (plotly's encoder: dates and numbers as Plotly.js reads them)."""
     data: dict[str, Any] = json.loads(fig.to_json())
     return data
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The nearest-rank percentile; None for a minute without sends (a gap in the line)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[max(math.ceil(q * len(ordered)) - 1, 0)], 1)
 
 
 class Cached:

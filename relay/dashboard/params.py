@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import re
 import unicodedata
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fastapi import HTTPException, Request
+
+from outbox.errors import InvalidMsgId
+from relay.operator import parse_msg_id
 
 # ASCII digits only: str.isdigit() also takes '²' (which int() refuses) and '٣' (which it
 # reads as 3); 20 digits bound int()'s work (past 4,300 it raises).
@@ -59,16 +61,17 @@ class Text:
 
 @dataclass(frozen=True)
 class MsgId:
-    """A msg_id: a UUID, as `outbox show` takes it; its canonical text."""
+    """A msg_id: a UUID, as `outbox show` takes it (relay.operator.parse_msg_id); its
+    canonical text."""
 
-    rule = "a msg_id (a UUID)"
+    rule = InvalidMsgId.rule
 
     def parse(self, text: str) -> str | None:
         if len(text) > 45:  # the longest a UUID is written: urn:uuid:{...}
             return None
         try:
-            return str(uuid.UUID(text))
-        except ValueError:
+            return parse_msg_id(text, "msg_id")
+        except InvalidMsgId:
             return None
 
 

@@ -5,9 +5,10 @@ relay.lab.register: the product's CLI reads ``PARSERS`` and ``COMMANDS`` as its 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from outbox.errors import OutboxError
 from outbox.secrets import mask_url
@@ -109,7 +110,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
             f"compare needs the [compare] extra ({exc.name} is missing): "
             "pip install 'outbox-relay[compare]'"
         ) from None
-    return report.run(args)
+    return report.run(args, counted)
+
+
+@contextlib.contextmanager
+def counted(what: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A model's transactions done, shown as ``outbox compare: model a`` progress."""
+    with counting(f"outbox compare: {what}", total, unit="tx") as shown:
+        yield shown.add
 
 
 def export_records(args: argparse.Namespace) -> int:

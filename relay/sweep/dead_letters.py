@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from outbox.events import Failed
-from relay.display import safe
+from relay.display import one_line, safe
 
 log = logging.getLogger("relay.sweep.dead_letters")
 
@@ -33,9 +33,7 @@ Clock = Callable[[], float]
 
 def reason(error: str) -> str:
     """An error as a summary groups it: its first line, spaces collapsed, cut."""
-    lines = error.strip().splitlines()
-    line = " ".join(lines[0].split()) if lines else "(no error text)"
-    return line if len(line) <= REASON_CHARS else line[: REASON_CHARS - 3] + "..."
+    return one_line(error, REASON_CHARS) or "(no error text)"
 
 
 class DeadLetters:

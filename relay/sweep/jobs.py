@@ -16,6 +16,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.exc import SQLAlchemyError
 
+from relay.display import one_line
 from relay.outage import Outage
 from relay.part import Lifecycle
 from relay.sweep.quiet import quiet_alembic
@@ -155,5 +156,4 @@ def shut_down(scheduler: BackgroundScheduler) -> None:
 def describe(exc: SQLAlchemyError) -> str:
     """The error's class and first line, without SQLAlchemy's SQL echo and links."""
     cause = getattr(exc, "orig", None) or exc
-    lines = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {lines[0] if lines else ''}"
+    return f"{type(cause).__name__}: {one_line(str(cause))}"
