@@ -31,6 +31,7 @@ import os
 import sqlalchemy as sa
 from alembic import context, op
 
+from outbox.dialects import dialect_for
 from outbox.errors import ConfigError
 from outbox.table import db_now, session_now
 
@@ -52,7 +53,7 @@ UTC = "'+00:00'"
 
 
 def upgrade() -> None:
-    if op.get_context().dialect.name not in ("mysql", "mariadb"):
+    if not dialect_for(op.get_context().dialect).local_session_clock:
         return
     zones = writers_zones()
     for table, writers in present(TIMES).items():
@@ -63,7 +64,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    if op.get_context().dialect.name not in ("mysql", "mariadb"):
+    if not dialect_for(op.get_context().dialect).local_session_clock:
         return
     zones = writers_zones()
     for table, writers in present(TIMES).items():

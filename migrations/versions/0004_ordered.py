@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
+from outbox.dialects import dialect_for
 from outbox.table import name_type
 
 revision = "0004"
@@ -72,7 +73,7 @@ def downgrade() -> None:
 
 def names_collated(varchar: mysql.VARCHAR) -> None:
     """MySQL and MariaDB: topic and key of outbox_message in ``varchar``'s collation."""
-    if op.get_context().dialect.name not in ("mysql", "mariadb"):
+    if dialect_for(op.get_context().dialect).column_type("name") is None:  # the default's
         return
     with op.batch_alter_table("outbox_message") as batch:
         batch.alter_column("topic", type_=varchar, existing_nullable=False)

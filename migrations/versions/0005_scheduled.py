@@ -17,6 +17,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from outbox.dialects import dialect_for
 from outbox.table import time_type
 
 revision = "0005"
@@ -60,7 +61,7 @@ def downgrade() -> None:
 
 
 def partial() -> bool:
-    return op.get_context().dialect.name in ("postgresql", "sqlite")
+    return dialect_for(op.get_context().dialect).supports_partial_indexes
 
 
 def pending_index(where: str) -> None:

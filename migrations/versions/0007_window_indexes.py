@@ -20,6 +20,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from outbox.dialects import dialect_for
+
 revision = "0007"
 down_revision = "0006"
 branch_labels = None
@@ -27,7 +29,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    if op.get_context().dialect.name != "postgresql":
+    if not dialect_for(op.get_context().dialect).brin_indexes:
         return
     op.create_index(
         "ix_outbox_message_created_brin", "outbox_message", ["created_at"], postgresql_using="brin"
@@ -41,7 +43,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    if op.get_context().dialect.name != "postgresql":
+    if not dialect_for(op.get_context().dialect).brin_indexes:
         return
     op.drop_index("ix_outbox_message_scheduled", table_name="outbox_message")
     op.drop_index("ix_outbox_message_created_brin", table_name="outbox_message")

@@ -53,6 +53,9 @@ class Dialect:
     schema_in_options = False  # the schema travels as libpq options (search_path)
     schema_is_database = False  # a schema is a database (MySQL)
     alters_by_batch = False  # Alembic recreates a table to alter it (SQLite)
+    supports_partial_indexes = False  # an index over the rows a WHERE picks
+    brin_indexes = False  # block range indexes (the reconciliation's window reads)
+    local_session_clock = False  # CURRENT_TIMESTAMP is the session's local time (DATETIME)
     own_poolclass: type[Pool] = QueuePool  # the relay's own engine's pool
     fresh_reads_isolation: str | None = None  # the sweeps' level, where the default is not
     reading_setup: tuple[str, ...] = ()  # statements that open a dashboard page's reads

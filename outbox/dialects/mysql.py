@@ -38,6 +38,8 @@ class MySQL(Dialect):
     # rows it locked: a claim's look at a key's predecessors is checked again.
     stale_locking_reads = True
     schema_is_database = True
+    # Migrations 0001 and 0002 wrote the session's local time (migration 0003 fixed it).
+    local_session_clock = True
     # Each statement of a sweep reads what committed before it, not the snapshot of the
     # transaction's first read (relay.store's still_heads needs it).
     fresh_reads_isolation = "READ COMMITTED"

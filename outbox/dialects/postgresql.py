@@ -39,6 +39,8 @@ class PostgreSQL(Dialect):
     # the drivers switch it without a round trip.
     free_autocommit = True
     schema_in_options = True
+    supports_partial_indexes = True
+    brin_indexes = True
     # The backlog's correlated subquery makes the planner's estimate huge: compiling the
     # plan took a second where running it takes tens of milliseconds (bench/dashboard.py).
     reading_setup = ("SET LOCAL jit = off",)

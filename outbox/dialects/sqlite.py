@@ -26,6 +26,7 @@ class SQLite(Dialect):
     supports_upsert_returning = True
     file_database = True
     alters_by_batch = True
+    supports_partial_indexes = True
     own_poolclass: type[Pool] = NullPool  # a connection per checkout: none crosses threads
 
     def now_sql(self) -> str:

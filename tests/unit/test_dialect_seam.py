@@ -1,5 +1,6 @@
 """The dialect seam: one ``outbox.dialects.Dialect`` per database owns every choice that
-depends on it, and no other module of ``outbox`` or ``relay`` asks which database it is on.
+depends on it, and no other module of ``outbox`` (its migrations too) or ``relay`` asks
+which database it is on.
 
 The scan reads the source as tokens (comments and docstrings are not code, and a URL is
 not a dialect's name); each Dialect's statements are compiled for its own backend.
@@ -60,7 +61,7 @@ SQLA = {
 
 
 def product_modules() -> Iterator[Path]:
-    for package in ("outbox", "relay"):
+    for package in ("outbox", "relay", "migrations"):  # migrations/ installs as outbox.migrations
         for path in sorted((ROOT / package).rglob("*.py")):
             if path.is_relative_to(ROOT / "outbox" / "dialects"):
                 continue
@@ -163,6 +164,9 @@ CAPABILITIES = {
     "schema_in_options": (True, False, False),
     "schema_is_database": (False, True, False),
     "alters_by_batch": (False, False, True),
+    "supports_partial_indexes": (True, False, True),
+    "brin_indexes": (True, False, False),
+    "local_session_clock": (False, True, False),
 }
 
 
