@@ -40,6 +40,8 @@ from relay.store.keys import (
     held_behind,
     is_head,
     still_heads,
+    unsettled_after,
+    unsettled_before,
 )
 from relay.store.monitor import (
     STUCK_AFTER_S,
@@ -52,6 +54,7 @@ from relay.store.monitor import (
     pending_or_dead,
     sent_by_topic,
     sent_per_minute_pg,
+    sent_since,
     sent_times,
     settled_by_topic,
 )
@@ -162,6 +165,7 @@ __all__ = [
     "scheduled_count",
     "sent_by_topic",
     "sent_per_minute_pg",
+    "sent_since",
     "sent_times",
     "settled_by_topic",
     "skip",
@@ -169,5 +173,7 @@ __all__ = [
     "skip_row",
     "still_heads",
     "unknown_ids",
+    "unsettled_after",
+    "unsettled_before",
     "waiting_since",
 ]

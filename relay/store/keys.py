@@ -33,23 +33,45 @@ UNSETTLED = (PENDING, DEAD)
 Head = tuple[str, str, int]  # (topic, key, seq) of an ordered message
 
 
+def unsettled_before(
+    topic: Any, key: Any, seq: Any, rows: Any = t, statuses: tuple[str, ...] = UNSETTLED
+) -> Any:
+    """The rows of ``rows`` that an ordered message at (topic, key, seq) waits for: those
+    of its key with a lower seq that are unsettled (or in ``statuses``: dead ones alone
+    say it is blocked). Each of topic, key and seq is a value or a column (a correlated
+    subquery, PostgreSQL's heads as arrays).
+
+    A short range of ix_outbox_message_key_seq (topic, key, status, seq): the key's
+    retained sent rows are never read.
+    """
+    return _of_key(rows, topic, key, statuses, rows.c.seq < seq)
+
+
+def unsettled_after(topic: Any, key: Any, seq: Any, rows: Any = t) -> Any:
+    """The rows of ``rows`` that wait for an ordered message at (topic, key, seq): those of
+    its key with a higher seq, unsettled (the same index range, the other way)."""
+    return _of_key(rows, topic, key, UNSETTLED, rows.c.seq > seq)
+
+
+def _of_key(rows: Any, topic: Any, key: Any, statuses: tuple[str, ...], seqs: Any) -> Any:
+    status = rows.c.status == statuses[0] if len(statuses) == 1 else rows.c.status.in_(statuses)
+    return and_(
+        rows.c.topic == topic,
+        rows.c.key == key,
+        status,
+        rows.c.seq.is_not(None),  # the index's own condition
+        seqs,
+    )
+
+
 def is_head(row: Any = t) -> Any:
     """Whether an ordered row may be published: no earlier row of its (topic, key) is
     pending or dead (the others are sent, skipped or purged). Unordered rows always may.
-
-    Two short ranges of ix_outbox_message_key_seq (topic, key, status, seq): the key's
-    retained sent rows are never read.
     """
     prior = t.alias("prior")
     earlier = (
         select(prior.c.id)
-        .where(
-            prior.c.topic == row.c.topic,
-            prior.c.key == row.c.key,
-            prior.c.status.in_((PENDING, DEAD)),
-            prior.c.seq.is_not(None),  # the index's own condition
-            prior.c.seq < row.c.seq,
-        )
+        .where(unsettled_before(row.c.topic, row.c.key, row.c.seq, prior))
         .correlate(row)
     )
     return or_(row.c.seq.is_(None), ~earlier.exists())
@@ -69,13 +91,7 @@ def still_heads(conn: Connection, row_ids: Sequence[int]) -> set[int]:
 
 def earlier_unsettled(conn: Connection, row: Any) -> bool:
     """-- earlier_unsettled -- an earlier message of the row's key is pending or dead."""
-    query = select(t.c.id).where(
-        t.c.topic == row.topic,
-        t.c.key == row.key,
-        t.c.status.in_(UNSETTLED),
-        t.c.seq.is_not(None),  # the index's own condition
-        t.c.seq < row.seq,
-    )
+    query = select(t.c.id).where(unsettled_before(row.topic, row.key, row.seq))
     return conn.execute(query.limit(1)).first() is not None
 
 
@@ -96,10 +112,8 @@ def blocked_keys(conn: Connection, heads: Sequence[Head]) -> set[tuple[str, str]
         params = {"head_topics": topics, "head_keys": keys, "head_seqs": seqs}
         arrays = dialect.built(blocked_keys_arrays)
         return {(topic, key) for topic, key in conn.execute(arrays, params)}
-    earlier = or_(
-        *(and_(t.c.topic == topic, t.c.key == key, t.c.seq < seq) for topic, key, seq in heads)
-    )
-    query = select(t.c.topic, t.c.key).where(earlier, t.c.status.in_(UNSETTLED)).distinct()
+    earlier = or_(*(unsettled_before(topic, key, seq) for topic, key, seq in heads))
+    query = select(t.c.topic, t.c.key).where(earlier).distinct()
     return {(topic, key) for topic, key in conn.execute(query)}
 
 
@@ -115,13 +129,7 @@ def blocked_keys_arrays(dialect: Dialect) -> Select[Any]:
             ("seq", "head_seqs", BigInteger()),
         ],
     )
-    earlier = select(t.c.id).where(
-        t.c.topic == head.c.topic,
-        t.c.key == head.c.key,
-        t.c.status.in_(UNSETTLED),
-        t.c.seq.is_not(None),  # the index's own condition
-        t.c.seq < head.c.seq,
-    )
+    earlier = select(t.c.id).where(unsettled_before(head.c.topic, head.c.key, head.c.seq))
     return select(head.c.topic, head.c.key).where(earlier.exists()).distinct()
 
 
@@ -134,18 +142,12 @@ def blocking_head() -> Any:
 
 def behind_dead(row: Any = t) -> Any:
     """The ordered row has a dead message of its key before it (a lower seq): it is
-    blocked, waiting until that one is requeued or skipped. The subquery is a short
-    range of ix_outbox_message_key_seq (topic, key, status, seq), for ordered rows only."""
+    blocked, waiting until that one is requeued or skipped. The subquery runs for
+    ordered rows only."""
     prior = t.alias("prior")
     earlier_dead = (
         select(prior.c.id)
-        .where(
-            prior.c.topic == row.c.topic,
-            prior.c.key == row.c.key,
-            prior.c.status == DEAD,
-            prior.c.seq.is_not(None),  # the index's own condition
-            prior.c.seq < row.c.seq,
-        )
+        .where(unsettled_before(row.c.topic, row.c.key, row.c.seq, prior, (DEAD,)))
         .correlate(row)
     )
     return and_(row.c.seq.is_not(None), earlier_dead.exists())
@@ -156,12 +158,6 @@ def held_behind() -> Any:
     later = t.alias("later")
     return (
         select(func.count())
-        .where(
-            later.c.topic == t.c.topic,
-            later.c.key == t.c.key,
-            later.c.status.in_(UNSETTLED),
-            later.c.seq.is_not(None),  # the index's own condition
-            later.c.seq > t.c.seq,
-        )
+        .where(unsettled_after(t.c.topic, t.c.key, t.c.seq, later))
         .scalar_subquery()
     )

@@ -100,14 +100,13 @@ def backlog_row(row: Any) -> Backlog:
 def settled_by_topic(conn: Connection, now: datetime) -> dict[str, dict[str, int]]:
     """-- settled -- per topic: skipped, canceled, and sent in the last minute and hour
     (``outbox status``'s other columns), by the database clock ``now``."""
-    minute, hour = now - timedelta(minutes=1), now - timedelta(hours=1)
-    recent = and_(t.c.status == SENT, t.c.sent_at >= hour)
+    recent = sent_since(now - timedelta(hours=1))
     query = (
         select(
             t.c.topic,
             count_if(t.c.status == SKIPPED).label("skipped"),
             count_if(t.c.status == CANCELED).label("canceled"),
-            count_if(and_(t.c.status == SENT, t.c.sent_at >= minute)).label("sent_1m"),
+            count_if(sent_since(now - timedelta(minutes=1))).label("sent_1m"),
             count_if(recent).label("sent_1h"),
         )
         .where(or_(t.c.status.in_((SKIPPED, CANCELED)), recent))
@@ -130,13 +129,15 @@ def pending_or_dead() -> Any:
 # The dashboard's reads (relay.dashboard): a few statements besides status and failures.
 
 
+def sent_since(since: datetime) -> Any:
+    """The rows marked sent at or after ``since`` (the sent counts of status, the
+    dashboard and its charts)."""
+    return and_(t.c.status == SENT, t.c.sent_at >= since)
+
+
 def sent_by_topic(conn: Connection, since: datetime) -> dict[str, int]:
     """-- sent_by_topic -- per topic, the rows marked sent at or after ``since``."""
-    query = (
-        select(t.c.topic, func.count())
-        .where(t.c.status == SENT, t.c.sent_at >= since)
-        .group_by(t.c.topic)
-    )
+    query = select(t.c.topic, func.count()).where(sent_since(since)).group_by(t.c.topic)
     return {topic: int(n) for topic, n in conn.execute(query)}
 
 
@@ -145,7 +146,7 @@ def sent_times(conn: Connection, since: datetime, limit: int) -> list[tuple[date
     ``since``, the latest first: the throughput and commit->ack charts."""
     query = (
         select(t.c.created_at, t.c.sent_at)
-        .where(t.c.status == SENT, t.c.sent_at >= since)
+        .where(sent_since(since))
         .order_by(t.c.sent_at.desc())
         .limit(limit)
     )
@@ -187,7 +188,7 @@ def sent_per_minute_pg(conn: Connection, since: datetime) -> list[Minute]:
             dialect.percentile(0.5, latency_ms),
             dialect.percentile(0.99, latency_ms),
         )
-        .where(t.c.status == SENT, t.c.sent_at >= since)
+        .where(sent_since(since))
         .group_by(minute)
     )
     return [Minute(m, int(n), p50, p99) for m, n, p50, p99 in conn.execute(query)]
