@@ -74,11 +74,13 @@ class Sweeper:
     ) -> None:
         self.engine = fresh_reads(engine)
         self.broker_loop = broker_loop
-        self.settings = settings or Settings()
+        self._stopping = threading.Event()
+        self.claimer = Claimer(settings or Settings())
+        self.waves = Waves(broker_loop, self.claimer.settings, self._stopping)
+        self.retries = Retries(self.claimer.settings)
         self.listeners = Listeners.of(listener)
         self.totals = SweepResult()
         self._totals_lock = threading.Lock()
-        self._stopping = threading.Event()
         self._sweeping = 0  # sweep_once calls in progress
         self._sweeping_changed = threading.Condition()
         self.known = KnownForms()
@@ -87,21 +89,15 @@ class Sweeper:
         self.batch_log_level = logging.INFO
         # A row going dead is a WARNING whoever runs the sweeper, an app or a worker.
         self.dead_letters = DeadLetters()
-        self.claimer = Claimer(self.settings)
-        self.waves = Waves(broker_loop, self.settings, self._stopping)
-        self.retries = Retries(self.settings)
 
     @property
     def settings(self) -> Settings:
-        return self._settings
+        return self.claimer.settings
 
     @settings.setter
     def settings(self, settings: Settings) -> None:
-        """Replace the settings (a test's), for the sweeper's parts too."""
-        self._settings = settings
-        for part in (getattr(self, name, None) for name in ("claimer", "waves", "retries")):
-            if part is not None:
-                part.settings = settings
+        """Replace the settings (a test's), the sweeper's parts' too."""
+        self.claimer.settings = self.waves.settings = self.retries.settings = settings
 
     def sweep_once(
         self, min_age_s: float | None = None, due_only: bool = True, cursor: Cursor | None = None
