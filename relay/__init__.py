@@ -12,11 +12,18 @@ KIND``). Model B, the comparison lab (relay.lab), plugs in this way.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.metadata
+import importlib.util
+import sys
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Protocol
 
 PLUGIN_GROUP = "outbox.plugins"
@@ -84,4 +91,76 @@ def plugins() -> Plugins:
         return _loaded
 
 
-__all__ = ["PLUGIN_GROUP", "CommandGroup", "ExportKind", "Page", "Plugins", "plugins"]
+# Modules that moved in the restructuring still import from their old paths, with a
+# DeprecationWarning, for one release: old path -> new one; a moved package's modules
+# follow it (relay.halfop.link -> relay.lab.halfop.link).
+MOVED = {
+    "relay.dispatcher": "relay.fastpath.dispatcher",
+    "relay.lanes": "relay.fastpath.lanes",
+    "relay.timewheel": "relay.fastpath.timewheel",
+    "relay.acks": "relay.fastpath.acks",
+    "relay.batches": "relay.fastpath.batches",
+    "relay.stats": "relay.fastpath.stats",
+    "relay.sweeper": "relay.sweep.sweeper",
+    "relay.sweeper_jobs": "relay.sweep.jobs",
+    "relay.scheduler": "relay.sweep.scheduler",
+    "relay.dead_letters": "relay.sweep.dead_letters",
+    "relay.quiet": "relay.sweep.quiet",
+    "relay.halfop": "relay.lab.halfop",
+    "relay.compare": "relay.lab.compare",
+    "relay.cli.modelb": "relay.lab.cli",
+    "relay.dashboard.halfop": "relay.lab.dashboard",
+}
+
+
+def moved_to(name: str) -> str | None:
+    """Where the module once called ``name`` lives now (None: it did not move)."""
+    for old, new in MOVED.items():
+        if name == old or name.startswith(old + "."):
+            return new + name[len(old) :]
+    return None
+
+
+class MovedLoader(importlib.abc.Loader):
+    """Loads an old path as the module at its new path: one module object, two names."""
+
+    def __init__(self, new: str) -> None:
+        self.new = new
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        warnings.warn(
+            f"{spec.name} moved to {self.new}; the old path goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module(self.new)
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Nothing to run: the module at the new path is already imported."""
+
+
+class MovedFinder(importlib.abc.MetaPathFinder):
+    """Answers imports of the old paths in ``MOVED``; every other import passes by."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        new = moved_to(fullname) if fullname.startswith("relay.") else None
+        return None if new is None else importlib.util.spec_from_loader(fullname, MovedLoader(new))
+
+
+# First in line: the path finder would load a second copy of a moved package's module.
+if not any(isinstance(finder, MovedFinder) for finder in sys.meta_path):
+    sys.meta_path.insert(0, MovedFinder())
+
+__all__ = [
+    "MOVED",
+    "PLUGIN_GROUP",
+    "CommandGroup",
+    "ExportKind",
+    "MovedFinder",
+    "Page",
+    "Plugins",
+    "moved_to",
+    "plugins",
+]
