@@ -7,9 +7,12 @@ large input runs it: spark_jobs.session.small_input answers False) and "small" (
 job runs this input), `--runs` times each. It prints one table of each phase's median
 wall seconds (Python imports, JVM and SparkSession start, each step of the job, the
 whole process), the JVM's CPU seconds and its Spark jobs (counted from Spark's event
-log), the small/large ratio, and whether both gave the same summary.json. A last
-column, "floor", is Python, the JVM and a SparkSession with one tiny job and nothing
-else: the least any run of the job can take here. `--rows 20000` another size.
+log), the small/large ratio, and whether both gave the same summary.json. "small"
+starts its JVM from the class data archive (spark_jobs.class_data: one unmeasured run
+first writes it), "small, no archive" without it (``OUTBOX_SPARK_CDS=off``). A last
+column, "floor", is Python, the JVM (from the archive) and a SparkSession with one tiny
+job and nothing else: the least any run of the job can take here. `--rows 20000`
+another size.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from bench.reconcile import DEFAULT_CACHE, cached_input
 from bench.report import print_rows
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("large", "small")
+MODES = ("large", "small, no archive", "small")
 PHASES = ("python imports", "JVM + SparkSession start", "read inputs", "classify + summarise",
           "write outputs", "process wall")  # fmt: skip
 
@@ -48,12 +51,17 @@ def measured(mode: str, data: Path, expected: dict[str, Any], out: Path) -> dict
     ]
     args = " ".join(f"--conf {c}" for c in conf)
     env = {**os.environ, "PYSPARK_SUBMIT_ARGS": f"{args} pyspark-shell"}
+    if mode == "small, no archive":
+        env["OUTBOX_SPARK_CDS"] = "off"
     window = expected["window"]
-    cmd = [sys.executable, "-m", "bench.small_night", "--child", mode, "--out", str(out)]
+    child_mode = "small" if mode.startswith("small") else mode
+    cmd = [sys.executable, "-m", "bench.small_night", "--child", child_mode, "--out", str(out)]
     cmd += ["--ledger", str(data / "ledger"), "--broker-log", str(data / "broker")]
     cmd += ["--start", window["start"], "--end", window["end"]]
     started = time.monotonic()
-    subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"{mode} run failed:\n{done.stderr}")
     figures: dict[str, Any] = json.loads((out / "phases.json").read_text())
     figures["process wall"] = time.monotonic() - started  # interpreter start and exit too
     figures["spark jobs"] = spark_jobs(events)
@@ -77,31 +85,33 @@ def child(mode: str, argv: list[str], out: Path) -> None:
 
     phases: dict[str, float] = {"python imports": time.monotonic() - started}
     last = [time.monotonic()]  # when the last phase ended
-    jvm: list[Any] = []
-    start_session = session.started
+    start_session, stop_session = session.started, session.stopped
 
     def timed_start(*args: Any, **kwargs: Any) -> Any:
         began = time.monotonic()
         spark = start_session(*args, **kwargs)
         last[0] = time.monotonic()
         phases["JVM + SparkSession start"] = last[0] - began
-        jvm.append(spark.sparkContext._gateway.jvm)  # type: ignore[union-attr]  # after stop() too
         return spark
 
-    session.started = timed_start
+    def measured_stop(spark: Any) -> None:  # before the JVM exits
+        jvm = spark.sparkContext._gateway.jvm
+        phases["jvm cpu s"] = process_cpu_s(int(jvm.java.lang.ProcessHandle.current().pid()))
+        stop_session(spark)
+
+    session.started, session.stopped = timed_start, measured_stop
     if mode == "large":
         session.small_input = lambda *_: False
     if mode == "floor":
-        spark = session.started(session.builder("floor", None, small=True))
+        spark = session.started(session.builder("floor", None, small=True), small=True)
         spark.range(1).count()
-        spark.stop()
+        session.stopped(spark)
     else:
         steps = iter(PHASES[2:5])
         timer = steps_timer(phases, steps, last)
         reconcile_job.told = lambda *_: timer
         args = build_parser().parse_args(["reconcile", *argv])
         reconcile_job.run(args)
-    phases["jvm cpu s"] = process_cpu_s(int(jvm[0].java.lang.ProcessHandle.current().pid()))
     (out / "phases.json").write_text(json.dumps(phases))
 
 
@@ -126,15 +136,16 @@ def process_cpu_s(pid: int) -> float:
 def table(runs: dict[str, list[dict[str, Any]]], same: bool) -> list[tuple[str, ...]]:
     """Median of each figure per mode, and small/large."""
     rows: list[tuple[str, ...]] = [("phase (median s)", *MODES, "small/large", "floor")]
+    small = MODES.index("small")
     for name in (*PHASES, "jvm cpu s", "spark jobs"):
         values = [statistics.median(run.get(name, 0.0) for run in runs[m]) for m in MODES]
         floor = statistics.median(run[name] for run in runs["floor"]) if name in (
             "python imports", "JVM + SparkSession start", "process wall", "jvm cpu s"
         ) else None  # fmt: skip
-        ratio = f"{values[1] / values[0]:.2f}" if values[0] else "-"
+        ratio = f"{values[small] / values[0]:.2f}" if values[0] else "-"
         shown = "-" if floor is None else f"{floor:.2f}"
         rows.append((name, *(f"{v:.2f}" for v in values), ratio, shown))
-    rows.append(("same summary.json", "", "yes" if same else "NO", "", ""))
+    rows.append(("same summary.json", *[""] * (len(MODES) - 1), "yes" if same else "NO", "", ""))
     return rows
 
 
@@ -161,9 +172,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in (*MODES, "floor")}
     summaries: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="small-night-") as tmp:
+        warm = measured("small", data, expected, Path(tmp) / "warm-up")  # writes the archive
+        print(f"warm-up small run (writes the class data archive if missing): "
+              f"{warm['process wall']:.1f} s", flush=True)  # fmt: skip
         for n in range(args.runs):
             for mode in (*MODES, "floor"):
-                out = Path(tmp) / f"{mode}-{n}"
+                out = Path(tmp) / f"{mode.replace(', ', '-').replace(' ', '-')}-{n}"
                 runs[mode].append(measured(mode, data, expected, out))
                 if mode != "floor":
                     summaries[mode] = summary_of(out)
@@ -173,11 +187,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"`outbox reconcile` of {args.rows:,} ledger rows, local[*], {os.cpu_count()} CPUs, "
         f"{args.runs} runs each, load {load:.1f} before, {os.getloadavg()[0]:.1f} after"
     )
-    print_rows(title, table(runs, summaries["large"] == summaries["small"]))
+    same = all(summary == summaries["large"] for summary in summaries.values())
+    print_rows(title, table(runs, same))
     print(
         "large: as a large input runs (JIT C2, parallel GC, codegen, adaptive execution); "
-        "small: the small-input path (spark_jobs.session.SMALL_INPUT); floor: a session "
-        "and one tiny job; process wall: fork to exit, JVM start included"
+        "small: the small-input path (spark_jobs.session.SMALL_INPUT), its JVM started "
+        "from the class data archive (spark_jobs.class_data), or without it; floor: a "
+        "session and one tiny job; process wall: fork to exit, JVM start included"
     )
 
 

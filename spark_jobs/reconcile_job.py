@@ -259,7 +259,7 @@ def run_on_spark(
     step("starting Spark")
     spark = None
     try:
-        spark = session.started(builder, verbose)
+        spark = session.started(builder, verbose, small)
         window = Window(args.start, args.end, args.sla, args.lookback)
         topics, captures = getattr(args, "topics", []), read_captures(args.broker_log)
         return reconcile(
@@ -271,7 +271,7 @@ def run_on_spark(
         raise JobError(spark_error(exc, master), str(exc)) from None
     finally:
         if spark is not None:
-            spark.stop()
+            session.stopped(spark)
 
 
 def spark_error(exc: Exception, master: str | None = None) -> str:

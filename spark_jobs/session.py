@@ -12,8 +12,9 @@ coalesces small partitions (also inside the cached classification), and the numb
 start from follows the inputs' bytes (``shuffle_partitions``), unless the
 configuration already sets ``spark.sql.shuffle.partitions``. A small input on a local
 master (``small_input``: a few thousand rows, a small night) starts a JVM that compiles
-less and plans plainer (``SMALL_INPUT``): most of its seconds are start-up and planning,
-not data, and a large input never takes that path.
+less and plans plainer (``SMALL_INPUT``), and maps the classes an earlier small run
+loaded (spark_jobs.class_data): most of its seconds are start-up and planning, not data,
+and a large input never takes that path.
 """
 
 from __future__ import annotations
@@ -22,8 +23,12 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
+
+from spark_jobs import class_data
 
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 # Of Parquet input (several times that in a shuffle): small enough that a task's share of
@@ -31,6 +36,7 @@ LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 # spilled and spent a third of its time collecting garbage).
 BYTES_PER_PARTITION = 8 * 1024 * 1024
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 ADAPTIVE = {
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
@@ -104,18 +110,54 @@ def builder(
         if LOG_CONFIG.is_file():  # not when the package runs from a zip (--py-files)
             java.append(log_options())
     if java:
-        made = made.config("spark.driver.extraJavaOptions", " ".join(java))
+        made = made.config(JAVA_OPTIONS, " ".join(java))
     return made
 
 
-def started(made: SparkSession.Builder, verbose: bool = False) -> SparkSession:
+def started(made: SparkSession.Builder, verbose: bool = False, small: bool = False) -> SparkSession:
     """The session; quiet from here on unless ``verbose``, even if the JVM was started by
-    spark-submit without our log configuration."""
+    spark-submit without our log configuration. ``small`` (a small input's builder): the
+    JVM this process starts maps the class data archive (spark_jobs.class_data)."""
+    archive = with_class_data(made) if small else None
     spark = made.getOrCreate()
+    if archive is not None:
+        WRITING[id(spark)] = (archive, getattr(SparkContext._gateway, "proc", None))
     if not verbose:
         spark.sparkContext.setLogLevel("OFF")
         without_sketch_warning(spark)
     return spark
+
+
+# Sessions whose JVM writes the class data archive as it exits: the archive and the JVM.
+WRITING: dict[int, tuple[class_data.Archive, Any]] = {}
+
+
+def with_class_data(made: SparkSession.Builder) -> class_data.Archive | None:
+    """Adds the archive's options to the driver's when this process starts the JVM (not
+    when one runs already: its options are set)."""
+    if SparkContext._gateway is not None:
+        return None
+    java = made._options.get(JAVA_OPTIONS, "")
+    archive = class_data.prepared(java)
+    if archive is not None:
+        made.config(JAVA_OPTIONS, f"{java} {archive.options}".strip())
+    return archive
+
+
+def stopped(spark: SparkSession) -> None:
+    """Stops the session; a run writing the class data archive lets its JVM exit and
+    write it (this process starts a new JVM for a next session)."""
+    spark.stop()
+    archive, jvm = WRITING.pop(id(spark), (None, None))
+    if archive is None:
+        return
+    gateway = SparkContext._gateway
+    try:
+        if gateway is not None:
+            gateway.shutdown()
+    finally:
+        SparkContext._gateway = SparkContext._jvm = None
+        class_data.finished(archive, jvm)
 
 
 # DataSketches (the KLL sketches of the latency percentiles) prints a warning to the JVM's
