@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from spark_jobs import class_data, session
@@ -118,7 +119,7 @@ def test_a_failed_or_partial_archive_is_dropped(cache: Path, status: int, conten
 
 def test_a_running_jvm_is_left_as_it_is(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its options are set: a session in a process whose JVM runs adds nothing."""
-    monkeypatch.setattr(session.SparkContext, "_gateway", object())
+    monkeypatch.setattr(SparkContext, "_gateway", object())
     made = session.builder("job", None, small=True)
     before = dict(made._options)
     assert session.with_class_data(made) is None
