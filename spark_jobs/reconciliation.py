@@ -15,6 +15,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
 
 from spark_jobs import ordering
 from spark_jobs.cells import safe_columns
@@ -395,7 +396,7 @@ def reconcile(
     """
     from spark_jobs import model_b
     from spark_jobs.audit import narrowed, with_unaudited
-    from spark_jobs.ledger import count_ledger, read_ledger
+    from spark_jobs.ledger import count_ledger, is_postgres, read_ledger
     from spark_jobs.report import write_report
     from spark_jobs.session import input_bytes, size_shuffles
 
@@ -405,14 +406,20 @@ def reconcile(
     broker = narrowed(spark.read.parquet(broker_path), topics)
     if halfop_path is None:
         ledger = narrowed(read_ledger(spark, ledger_path, window), topics)
-        read = f"read {count_ledger(spark, ledger_path, ledger, window)} ledger rows"
+        if is_postgres(ledger_path):
+            read = f"read {count_ledger(spark, ledger_path, ledger, window)} ledger rows"
+            entries = broker.count()
+        else:
+            rows, entries = both_counted(ledger, broker)
+            read = f"read {rows} ledger rows"
     else:
         # read by the ledger and by model B's counts: grouped once
         halfop, records = spark.read.parquet(halfop_path), spark.read.parquet(ledger_path)
         per_msg = model_b.halfs_per_message(halfop).cache()
         ledger = model_b.ledger_from_records(records, per_msg)
         read = f"read {records.count()} records, {halfop.count()} half/op entries"
-    step(f"{read}, {broker.count()} broker log entries")
+        entries = broker.count()
+    step(f"{read}, {entries} broker log entries")
     classified = first = classify(ledger, broker, window).cache()
     if halfop_path is None:  # model B reads every record: it has no span
         classified = without_earlier_commits(spark, ledger_path, classified, window)
@@ -429,16 +436,24 @@ def reconcile(
         "sla_s": window.sla_s,
         **({"topics": list(topics)} if topics else {}),
     }
-    written = write_discrepancies(classified, out / "discrepancies")
+    written, found = write_discrepancies(classified, out / "discrepancies")
     listed = first_out_of_order(classified) if summary["total"].get("out_of_order") else []
     classified.unpersist()
     first.unpersist()
-    write_csv(spark, out / "discrepancies", out / "discrepancies.csv")
-    findings = first_findings(spark, out / "discrepancies") if written else {}
+    write_csv(spark, out / "discrepancies", out / "discrepancies.csv", found)
+    findings = first_findings(spark, out / "discrepancies", found) if written else {}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     write_report(out / "report.html", summary, out_of_order=listed, findings=findings, links=links)
     step(f"wrote {written} discrepancies, summary.json and report.html to {out}")
     return summary
+
+
+def both_counted(ledger: DataFrame, broker: DataFrame) -> tuple[int, int]:
+    """The rows of ``ledger`` and of ``broker``, in one Spark job (two counts are two)."""
+    side = F.col("side")
+    sides = ledger.select(F.lit(0).alias("side")).unionByName(broker.select(F.lit(1).alias("side")))
+    row = sides.agg(F.count(F.when(side == 0, 1)), F.count(F.when(side == 1, 1))).first()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
 def sized_inputs(ledger_path: str, broker_path: str, halfop_path: str | None) -> list[str]:
@@ -463,13 +478,14 @@ def outcome(total: dict[str, Any]) -> str:
     return said + (f", {strangers} malformed at the broker" if strangers else "")
 
 
-def write_discrepancies(classified: DataFrame, path: Path) -> int:
+def write_discrepancies(classified: DataFrame, path: Path) -> tuple[int, StructType]:
     """One row per finding (FINDING_COLUMNS: what is known of the message: its ledger
     row's commit time, status and attempts, its copies at the broker and the first
     one's time, its key and seq) for every message that is not a clean delivery: lost,
     stuck, phantom, dead, skipped, malformed or duplicated, and out of order or blocked
     besides (then a row more each: a blocked row's details name its dead head); returns
-    how many."""
+    how many, and their schema (read back with it, Spark need not open a file to infer
+    it: a job less each time)."""
     kind = F.when(F.col("kind").isin(*FOUND), F.col("kind")).when(
         F.col("copies") > 1, F.lit("duplicated")
     )
@@ -486,15 +502,30 @@ def write_discrepancies(classified: DataFrame, path: Path) -> int:
         .otherwise(F.col("details"))
     )
     columns = [details.alias("details") if c == "details" else c for c in FINDING_COLUMNS]
-    found.select(*columns).write.mode("overwrite").parquet(str(path))
-    return classified.sparkSession.read.parquet(str(path)).count()  # Parquet's footers: cheap
+    written = found.select(*columns)
+    written.write.mode("overwrite").parquet(str(path))
+    schema = nullable(written.schema)  # as Parquet files give it back
+    spark = classified.sparkSession
+    return findings_at(spark, path, schema).count(), schema  # Parquet's footers: cheap
 
 
-def write_csv(spark: SparkSession, parquet: Path, path: Path) -> None:
+def nullable(schema: StructType) -> StructType:
+    return StructType([StructField(f.name, f.dataType, True, f.metadata) for f in schema])
+
+
+def findings_at(spark: SparkSession, parquet: Path, schema: StructType | None) -> DataFrame:
+    """discrepancies/ as written; with its ``schema`` (write_discrepancies'), read as is."""
+    reader = spark.read if schema is None else spark.read.schema(schema)
+    return reader.parquet(str(parquet))
+
+
+def write_csv(
+    spark: SparkSession, parquet: Path, path: Path, schema: StructType | None = None
+) -> None:
     """discrepancies/ as one CSV file with a header, sorted by kind, topic and msg_id:
     Spark writes it (in one task: no row reaches the driver), then its part file moves."""
     parts = path.with_name(path.name + ".parts")
-    found = spark.read.parquet(str(parquet)).coalesce(1)
+    found = findings_at(spark, parquet, schema).coalesce(1)
     found = found.sortWithinPartitions("kind", "topic", "msg_id")
     safe_columns(found).write.mode("overwrite").csv(
         str(parts),
@@ -512,7 +543,9 @@ def write_csv(spark: SparkSession, parquet: Path, path: Path) -> None:
     shutil.rmtree(parts)
 
 
-def first_findings(spark: SparkSession, parquet: Path) -> dict[str, list[dict[str, Any]]]:
+def first_findings(
+    spark: SparkSession, parquet: Path, schema: StructType | None = None
+) -> dict[str, list[dict[str, Any]]]:
     """The first ``LISTED`` findings of each kind report.html lists, by commit time (a
     top-N per kind on the executors: only those rows reach the driver)."""
     from pyspark.sql import Window as W
@@ -524,7 +557,7 @@ def first_findings(spark: SparkSession, parquet: Path) -> dict[str, list[dict[st
     )
     shown = "yyyy-MM-dd HH:mm:ss.SSSXXX"  # in the session's time zone, UTC for the jobs
     rows = (
-        spark.read.parquet(str(parquet))
+        findings_at(spark, parquet, schema)
         .where(F.col("kind").isin(*LISTED_KINDS))
         .withColumn("n", F.row_number().over(order))
         .where(F.col("n") <= LISTED)
