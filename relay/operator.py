@@ -101,6 +101,14 @@ class RequeuePlan(NamedTuple):
     overtaken: list[store.Overtaken]
 
 
+class Purged(NamedTuple):
+    """A retention pass: how many settled rows it deleted, all older than ``older_than``
+    (the database clock when the pass began, less the retention)."""
+
+    rows: int
+    older_than: datetime
+
+
 class Outcome(NamedTuple):
     """An action on one message: whether it was done, and what happened, in words."""
 
@@ -237,6 +245,26 @@ class Operator:
         """Delete a dead message's row; whether it was dead (any other is left alone)."""
         with self.writing() as conn:
             return store.delete_dead(conn, msg_id)
+
+    def purge(
+        self, retention_s: float, batch: int, on_batch: Callable[[int], None] | None = None
+    ) -> Purged:
+        """One retention pass: delete the sent messages sent, and the canceled ones
+        written, more than ``retention_s`` ago by the database clock when the pass begins
+        (never a pending, dead or skipped one), ``batch`` rows per transaction
+        (``on_batch`` told each one's count) until none is left. The workers' retention
+        job (relay.sweep.sweeper.Sweeper.purge) and ``outbox purge`` both run it."""
+        with self.reading() as conn:
+            older_than = store.db_clock(conn) - timedelta(seconds=retention_s)
+        purged = 0
+        while True:
+            with self.writing() as conn:
+                deleted = store.purge_sent(conn, older_than, batch)
+            purged += deleted
+            if deleted and on_batch is not None:
+                on_batch(deleted)
+            if deleted < batch:
+                return Purged(purged, older_than)
 
     def act(self, action: str, msg_id: str) -> Outcome:
         """One message's ``requeue`` (a dead one), ``skip`` (a dead or pending one) or

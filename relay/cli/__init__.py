@@ -2,6 +2,7 @@
 
 - relay.cli.schema: migrate, status, requeue;
 - relay.cli.run: relay, drain;
+- relay.cli.retention: purge;
 - relay.cli.messages: dead, show, skip;
 - relay.cli.data: export, reconcile;
 - relay.cli.dashboard: dashboard;
@@ -33,7 +34,7 @@ from outbox.errors import ConfigError, OutboxError
 from outbox.secrets import mask_url, scrub
 from outbox.settings import Settings
 from relay import CommandGroup, plugins
-from relay.cli import dashboard, data, messages, run, schema
+from relay.cli import dashboard, data, messages, retention, run, schema
 from relay.cli.app import use_app
 from relay.cli.common import (
     EXIT_FAILED,
@@ -48,7 +49,7 @@ from relay.cli.common import (
 from relay.cli.settings_flags import settings_from_args
 from relay.display import one_line
 
-GROUPS: tuple[CommandGroup, ...] = (schema, messages, run, data)
+GROUPS: tuple[CommandGroup, ...] = (schema, messages, run, retention, data)
 GROUPS += (*plugins().command_groups, dashboard)  # model B's before dashboard, as ever
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     name: handler for group in GROUPS for name, handler in group.COMMANDS.items()

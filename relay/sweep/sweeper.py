@@ -30,7 +30,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 
 from sqlalchemy import Connection, Engine
 
@@ -45,6 +44,7 @@ from relay.fastpath.batches import BatchReport
 from relay.fastpath.marking import Marks, Retries
 from relay.listener import Listeners
 from relay.loop import BrokerLoop
+from relay.operator import Operator
 from relay.sweep.claims import Claim, Claimer, Cursor
 from relay.sweep.dead_letters import REASON_CHARS as REASON_CHARS  # its old home
 from relay.sweep.dead_letters import DeadLetters, named, reason
@@ -254,17 +254,13 @@ class Sweeper:
         return self._stopping.is_set()
 
     def purge(self) -> int:
-        """Delete sent rows older than the retention period, in bounded batches."""
-        purged = 0
-        while True:
-            with self.engine.begin() as conn:
-                cutoff = store.db_clock(conn) - timedelta(seconds=self.settings.retention_s)
-                deleted = store.purge_sent(conn, cutoff, self.settings.purge_batch)
-            purged += deleted
-            if deleted < self.settings.purge_batch:
-                if purged:
-                    log.log(self.batch_log_level, "retention: purged=%d", purged)
-                return purged
+        """One retention pass (relay.operator.Operator.purge, the code `outbox purge`
+        runs): sent and canceled rows older than ``retention_s``, in bounded batches."""
+        settings = self.settings
+        purged = Operator(self.engine).purge(settings.retention_s, settings.purge_batch).rows
+        if purged:
+            log.log(self.batch_log_level, "retention: purged=%d", purged)
+        return purged
 
     def _record(
         self,

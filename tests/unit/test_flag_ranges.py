@@ -39,6 +39,7 @@ BASE = {
     "skip": [ID, *DB],
     "relay": [*DB, *BROKER],
     "drain": [*DB, *BROKER],
+    "purge": DB,
     "export": ["ledger", *DB],
     "reconcile": ["--ledger", "l", "--broker-log", "b", *WINDOW],
     "coordinator": BROKER,
