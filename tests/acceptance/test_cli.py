@@ -63,7 +63,7 @@ def count(pg_url: str, status: str) -> int:
 
 
 @pytest.mark.parametrize(
-    "command", ["migrate", "relay", "status", "requeue", "drain", "coordinator"]
+    "command", ["migrate", "relay", "status", "requeue", "drain", "purge", "coordinator"]
 )
 def test_every_command_explains_itself(command: str) -> None:
     done = cli(command, "--help")
