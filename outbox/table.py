@@ -36,7 +36,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
-from outbox.dialects import POSTGRESQL, dialect_for, partial_index_kw, with_variants
+from outbox.dialects import DIALECTS, POSTGRESQL, dialect_for, partial_index_kw, with_variants
 
 PENDING = "pending"
 SENT = "sent"
@@ -147,6 +147,30 @@ def partial_index(name: str, columns: list[str], where: str) -> Index:
     return Index(name, *columns, **partial_index_kw(where))
 
 
+def drain_indexes() -> list[Index]:
+    """The drain's claims by id (relay.store claim_due_stmt and claim_heads_stmt): pending,
+    unscheduled rows past an id, unordered ones apart from ordered ones, so each batch
+    reads about what it returns. Partial indexes on (id) where they exist; on
+    MySQL/MariaDB one index whose leading columns pick the same rows."""
+    # ddl_if takes a tuple of dialect names (its annotation says one str).
+    partial: Any = tuple(n for d in DIALECTS if d.supports_partial_indexes for n in d.names)
+    whole: Any = tuple(n for d in DIALECTS if not d.supports_partial_indexes for n in d.names)
+    claimable = f"status = '{PENDING}' AND deliver_at IS NULL"
+    return [
+        Index(
+            "ix_outbox_message_unordered", "id", **partial_index_kw(f"{claimable} AND seq IS NULL")
+        ).ddl_if(dialect=partial),
+        Index(
+            "ix_outbox_message_ordered",
+            "id",
+            **partial_index_kw(f"{claimable} AND seq IS NOT NULL"),
+        ).ddl_if(dialect=partial),
+        Index("ix_outbox_message_claimable", "status", "deliver_at", "seq", "id").ddl_if(
+            dialect=whole
+        ),
+    ]
+
+
 outbox_message = Table(
     "outbox_message",
     metadata,
@@ -196,6 +220,7 @@ outbox_message = Table(
     POSTGRESQL.only_index(
         "ix_outbox_message_scheduled", "deliver_at", where="deliver_at IS NOT NULL"
     ),
+    *drain_indexes(),
 )
 
 # The last sequence number taken per (topic, key) of ordered messages. Only senders write

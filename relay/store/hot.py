@@ -173,7 +173,6 @@ def claim_due_stmt(
     limit: int,
     due_only: bool = True,
     after_id: int | None = None,
-    failed: Collection[int] = (),
 ) -> Select[Any]:
     """-- claim_due -- pending rows older than the cutoff and due, oldest first, locked;
     of an ordered key only its head (see is_head), so a blocked key's rows never fill it.
@@ -182,22 +181,19 @@ def claim_due_stmt(
     transaction holds; owning a key's head is owning the key. No id cursor: a row that
     commits late (a long transaction) is found by its created_at like any other.
 
-    A drain (``after_id``) takes each unordered row once, in id order; an ordered head
-    whatever its id (it became the head when the row before it was sent, maybe after the
-    cursor passed it) unless it is among the ``failed`` of this drain pass.
+    A drain (``after_id``) takes each unordered row once, in id order, here; the ordered
+    heads apart (claim_heads_stmt). One range of ix_outbox_message_unordered (or, on
+    MySQL/MariaDB, ix_outbox_message_claimable) from ``after_id``: each batch reads about
+    what it returns, whatever the backlog behind it.
     """
     columns = claimed_columns(limit)
     # deliver_at IS NULL: scheduled rows are the scheduler's; and it lets PostgreSQL and
     # SQLite use ix_outbox_message_pending, which leaves them out.
-    pending = [t.c.status == PENDING, t.c.deliver_at.is_(None), t.c.created_at < cutoff, is_head()]
+    claimable = [t.c.status == PENDING, t.c.deliver_at.is_(None), t.c.created_at < cutoff]
     if after_id is not None:
-        unordered = and_(t.c.seq.is_(None), t.c.id > after_id)
-        ordered: Any = t.c.seq.is_not(None)
-        if failed:
-            ordered = and_(ordered, t.c.id.not_in(list(failed)))
         return (
             select(*columns)
-            .where(*pending, or_(unordered, ordered))
+            .where(*claimable, t.c.seq.is_(None), t.c.id > after_id)
             .order_by(t.c.id)
             .limit(limit)
             .with_for_update(skip_locked=True)
@@ -205,8 +201,27 @@ def claim_due_stmt(
     due = or_(t.c.next_attempt_at.is_(None), t.c.next_attempt_at <= now) if due_only else true()
     return (
         select(*columns)
-        .where(*pending, due)
+        .where(*claimable, is_head(), due)
         .order_by(t.c.created_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+
+
+def claim_heads_stmt(cutoff: datetime, limit: int, failed: Collection[int] = ()) -> Select[Any]:
+    """-- claim_heads -- a drain's ordered heads older than the cutoff, whatever their id
+    (a row became its key's head when the one before it was sent, maybe after the drain's
+    cursor passed it), less the ``failed`` of this drain pass; by id, locked. Reads the
+    pending ordered rows only (ix_outbox_message_ordered, or ix_outbox_message_claimable):
+    nothing when the backlog is unordered.
+    """
+    ordered = [t.c.seq.is_not(None), is_head()]
+    if failed:
+        ordered.append(t.c.id.not_in(list(failed)))
+    return (
+        select(*claimed_columns(limit))
+        .where(t.c.status == PENDING, t.c.deliver_at.is_(None), t.c.created_at < cutoff, *ordered)
+        .order_by(t.c.id)
         .limit(limit)
         .with_for_update(skip_locked=True)
     )

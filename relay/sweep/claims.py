@@ -1,16 +1,16 @@
 """What a sweep takes: due rows and ordered heads with their followers, locked.
 
-``Claimer`` builds the sweep's claim (relay.store claim_due_stmt, SKIP LOCKED) and adds
-the followers of each ordered head it locked; ``Cursor`` keeps a drain pass's place, so
-that each row is claimed at most once per pass. The scheduler brings a claim of its own
-(``Claim``): the sweeper publishes either the same way.
+``Claimer`` builds the sweep's claim (relay.store claim_due_stmt, SKIP LOCKED; a drain's
+also claim_heads_stmt) and adds the followers of each ordered head it locked; ``Cursor``
+keeps a drain pass's place, so that each row is claimed at most once per pass. The
+scheduler brings a claim of its own (``Claim``): the sweeper publishes either the same way.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
@@ -32,16 +32,30 @@ class Claimer:
         """Due rows and ordered heads, then the heads' followers, all locked."""
         now = store.db_clock(conn)
         cutoff, limit = now - timedelta(seconds=age), self.settings.sweep_batch
-        claim = store.claim_due_stmt(
-            cutoff, now, limit, due_only,
-            after_id=cursor.claimed_up_to if cursor else None,
-            failed=cursor.failed_ids() if cursor else (),
-        )  # fmt: skip
-        rows = store.claim(conn, claim)
-        if rows and cursor is not None:
-            cursor.advance(max(row.id for row in rows))  # not the followers': see Cursor
-            rows = cursor.not_failed(rows)
+        if cursor is None:
+            rows = store.claim(conn, store.claim_due_stmt(cutoff, now, limit, due_only))
+        else:
+            rows = self._drain_claim(conn, cutoff, now, cursor)
         return rows + store.followers(conn, rows, cutoff, limit - len(rows), limit)
+
+    def _drain_claim(
+        self, conn: Connection, cutoff: datetime, now: datetime, cursor: Cursor
+    ) -> list[store.Claimed]:
+        """A drain's batch: the ordered heads (by key, whatever their id), then unordered
+        rows past the cursor to fill it. Two claims, each on its own index range: one
+        statement with both could bound neither, and read the whole backlog per batch."""
+        limit = self.settings.sweep_batch
+        heads = store.claim(conn, store.claim_heads_stmt(cutoff, limit, cursor.failed_ids()))
+        heads = cursor.not_failed(heads)
+        room = limit - len(heads)
+        if room <= 0:
+            return heads
+        claim = store.claim_due_stmt(cutoff, now, room, False, after_id=cursor.claimed_up_to)
+        unordered = store.claim(conn, claim)
+        if unordered:
+            # The unordered rows' only: heads and their followers leave the ids between.
+            cursor.advance(max(row.id for row in unordered))
+        return sorted(heads + unordered, key=lambda row: row.id)
 
 
 class Cursor:
