@@ -111,7 +111,7 @@ def upgrade_sql(url: str, revision: str = "head", *, model_b: bool = False) -> N
 
 
 def current_revision(db: str | Engine | Connection) -> str | None:
-    """The schema's revision (``0008``; ``0008 + modelb_0001`` with model B's branch)."""
+    """The schema's revision (``0009``; ``0009 + modelb_0001`` with model B's branch)."""
     with connected(db) as conn:
         return revision_of(conn)
 

@@ -171,6 +171,24 @@ def drain_indexes() -> list[Index]:
     ]
 
 
+def settled_indexes() -> list[Index]:
+    """What `outbox status` and the overview count of settled rows (relay.store.monitor):
+    sent rows by sent_at alone (PostgreSQL leaves ix_outbox_message_sent's leading status
+    unbounded, its predicate implying it), skipped and canceled rows by topic. Partial
+    where partial indexes exist; MySQL/MariaDB's status-first indexes cover every row."""
+    partial: Any = tuple(n for d in DIALECTS if d.supports_partial_indexes for n in d.names)
+    return [
+        Index(
+            "ix_outbox_message_sent_at", "sent_at", **partial_index_kw(f"status = '{SENT}'")
+        ).ddl_if(dialect=partial),
+        Index(
+            "ix_outbox_message_settled",
+            "topic",
+            **partial_index_kw(f"status IN ('{SKIPPED}', '{CANCELED}')"),
+        ).ddl_if(dialect=partial),
+    ]
+
+
 outbox_message = Table(
     "outbox_message",
     metadata,
@@ -221,6 +239,7 @@ outbox_message = Table(
         "ix_outbox_message_scheduled", "deliver_at", where="deliver_at IS NOT NULL"
     ),
     *drain_indexes(),
+    *settled_indexes(),
 )
 
 # The last sequence number taken per (topic, key) of ordered messages. Only senders write

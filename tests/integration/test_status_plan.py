@@ -7,15 +7,11 @@ statement the status and the overview run must reach outbox_message through an i
 with no sequential scan of it.
 
 The sends of the last hour (settled_by_topic's sent_1m/sent_1h, sent_by_topic,
-sent_per_minute_pg) and the skipped and canceled counts still read every row on
-PostgreSQL: ix_outbox_message_sent is (status, sent_at) over sent rows only, and
-PostgreSQL drops a condition its partial index's predicate implies (status = 'sent')
-from the index's conditions, so the leading column is left unbounded and the planner
-reads the whole index or, cheaper, the table; skipped and canceled rows have no index.
-They need an index on (sent_at) over sent rows and one on (topic) over skipped and
-canceled rows, partial where partial indexes exist (a migration after 0008; with both,
-every statement here reads its rows by an index): strict xfails until then, so that the
-migration that adds them must turn these into plain tests.
+sent_per_minute_pg) read ix_outbox_message_sent_at, not ix_outbox_message_sent: that
+one is (status, sent_at) over sent rows only, and PostgreSQL drops a condition its
+partial index's predicate implies (status = 'sent') from the index's conditions, so its
+leading column was unbounded and the planner read the whole table (revision 0009).
+The skipped and canceled counts read ix_outbox_message_settled.
 """
 
 from __future__ import annotations
@@ -36,9 +32,6 @@ from tests.helpers import migrated
 pytestmark = pytest.mark.xdist_group("status_plan")  # the large table built once
 SENT_ROWS = 200_000
 HOUR = timedelta(hours=1)
-NEEDS_INDEX = pytest.mark.xfail(
-    strict=True, reason="needs an index on sent rows by sent_at and on skipped/canceled rows"
-)
 
 
 @pytest.fixture(scope="module")
@@ -129,16 +122,13 @@ def test_the_blocked_keys_read_the_dead_rows_by_their_index(ledger: Engine) -> N
     assert full_scans(ledger, lambda c: store.dead_heads(c, 20)) == []
 
 
-@NEEDS_INDEX
 def test_the_settled_counts_read_recent_and_settled_rows_only(ledger: Engine) -> None:
     assert full_scans(ledger, lambda c: store.settled_by_topic(c, now(c))) == []
 
 
-@NEEDS_INDEX
 def test_the_sends_of_the_last_hour_read_those_rows_only(ledger: Engine) -> None:
     assert full_scans(ledger, lambda c: store.sent_by_topic(c, now(c) - HOUR)) == []
 
 
-@NEEDS_INDEX
 def test_the_per_minute_chart_reads_the_last_hour_only(ledger: Engine) -> None:
     assert full_scans(ledger, lambda c: store.sent_per_minute_pg(c, now(c) - HOUR)) == []
