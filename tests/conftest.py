@@ -23,6 +23,12 @@ from relay.testing.embedded import NatsServer
 from tests.flavours import ASYNC_DRIVERS, Flavour
 from tests.helpers import migrated
 
+# A small night's JVM class data archive (spark_jobs.class_data) is ~190 MB per
+# interpreter and set of jars, written once at a JVM's exit: tests/spark/test_class_data.py
+# tests it in a cache of its own; every other reconcile in the suite runs without one, so
+# no test writes into the user's cache or waits on another's archive.
+os.environ.setdefault("OUTBOX_SPARK_CDS", "off")
+
 PG_URL = os.environ.get("OUTBOX_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 # The browser tests' fixtures: `browser` (one headless chromium) and `page`.
 pytest_plugins = ["tests.browser"]
