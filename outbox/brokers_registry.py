@@ -94,25 +94,36 @@ _derived: list[Derived[Any]] = []
 
 
 def registrations() -> dict[str, BrokerRegistration]:
-    """Every registered broker, by family, in family order; loaded once."""
+    """Every registered broker, by family, in family order; loaded once.
+
+    A broken plugin's warning is logged only once the table is in place: a logging filter
+    may itself ask for the broker schemes (the CLI's secret scrubber does), and asking
+    while loading would load again, without end."""
     global _loaded
     if _loaded is None:
-        _loaded = {r.family: r for r in sorted(_load(), key=lambda r: r.family)}
+        found, problems = _load()
+        _loaded = {r.family: r for r in sorted(found, key=lambda r: r.family)}
+        for problem in problems:
+            log.warning("%s", problem)
     return _loaded
 
 
-def _load() -> Iterator[BrokerRegistration]:
+def _load() -> tuple[list[BrokerRegistration], list[str]]:
+    """The registrations the entry points name, and a line for each one that is broken."""
     found = {ep.name: ep.value for ep in entry_points(group=GROUP)}
+    loaded: list[BrokerRegistration] = []
+    problems: list[str] = []
     for name, target in {**BUILTIN, **found}.items():
         try:
             registration = resolve(target)
         except Exception as exc:  # one broken plugin must not take the others with it
-            log.warning("entry point %s=%s of %s failed to load: %r", name, target, GROUP, exc)
+            problems.append(f"entry point {name}={target} of {GROUP} failed to load: {exc!r}")
             continue
         if not isinstance(registration, BrokerRegistration):
-            log.warning("entry point %s=%s of %s is no BrokerRegistration", name, target, GROUP)
+            problems.append(f"entry point {name}={target} of {GROUP} is no BrokerRegistration")
             continue
-        yield registration
+        loaded.append(registration)
+    return loaded, problems
 
 
 def registration_for(family: str) -> BrokerRegistration:

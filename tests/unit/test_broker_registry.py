@@ -5,6 +5,7 @@ registrations (outbox.brokers_registry).
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -197,3 +198,24 @@ def test_a_broken_entry_point_is_skipped_with_a_warning(
     assert list(registrations()) == ["nats", "rabbitmq", "redis"]  # the product's, still
     assert "gone=outbox_no_such_plugin:REGISTRATION" in caplog.text
     assert "no BrokerRegistration" in caplog.text
+
+
+def test_a_filter_that_asks_for_schemes_while_a_plugin_warns_does_not_recurse(
+    restored: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The CLI's secret scrubber is a logging filter that asks for BROKER_SCHEMES: a broken
+    plugin's warning, logged while the registry loaded, loaded it again without end (CI)."""
+    broken = [EntryPoint("gone", "outbox_no_such_plugin:REGISTRATION", brokers_registry.GROUP)]
+    monkeypatch.setattr(brokers_registry, "entry_points", lambda group: broken)
+    monkeypatch.setattr(brokers_registry, "_loaded", None)
+    monkeypatch.setattr(brokers_registry.BROKER_SCHEMES, "_table", None)
+
+    def asks(record: logging.LogRecord) -> bool:
+        return "nats" in brokers_registry.BROKER_SCHEMES
+
+    caplog.handler.addFilter(asks)
+    try:
+        assert list(registrations()) == ["nats", "rabbitmq", "redis"]
+    finally:
+        caplog.handler.removeFilter(asks)
+    assert "gone=outbox_no_such_plugin:REGISTRATION" in caplog.text
