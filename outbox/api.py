@@ -116,6 +116,19 @@ class Outbox(RelayLifecycle, Transactions):
             self.bind(db)
         forks.after_fork_in_child(self, Outbox._after_fork)
 
+    @property
+    def relay(self) -> Any:
+        """The in-process ``relay.runtime.Relay`` last started (None before start()): its
+        ``running``, ``dispatcher`` and ``jobs`` are what metrics read. Typed loosely: the
+        app layer names the relay's types at one seam only, start()'s import below."""
+        return self._relay
+
+    def _relay_class(self) -> Any:
+        """The relay, for start() (and a forked child's first send(), which starts one)."""
+        from relay.runtime import Relay  # the app's one import of the relay layer
+
+        return Relay
+
     def __repr__(self) -> str:
         db = None if self._engine is None else url_of(self._engine)
         return f"Outbox(db={db!r}, broker={shown_broker(self.broker)!r})"

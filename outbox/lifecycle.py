@@ -12,7 +12,8 @@ import asyncio
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable
+from typing import Any, cast
 
 from outbox import forks
 from outbox.binding import Binding
@@ -22,9 +23,6 @@ from outbox.errors import ConfigError
 from outbox.events import RelayListener, Stats
 from outbox.message import Message
 from outbox.secrets import url_of
-
-if TYPE_CHECKING:
-    from relay.runtime import Relay
 
 log = logging.getLogger("outbox")
 START_RETRY_S = 5.0  # a forked child whose relay failed to start tries again on a send()
@@ -44,7 +42,9 @@ class RelayLifecycle(Binding):
     _start_in_child: bool
     _start_retry_at: float
     _overrides: tuple[str | Broker | None, bool | None]
-    _relay: Relay | None
+    # The running relay.runtime.Relay (None before start()). Its type and class are the
+    # relay layer's, which the app layer reaches at one seam only: Outbox.start() (api.py).
+    _relay: Any
 
     @property
     def listeners(self) -> tuple[RelayListener, ...]:
@@ -58,12 +58,6 @@ class RelayLifecycle(Binding):
             relay = self._relay
         if relay is not None:
             relay.add_listener(listener)
-
-    @property
-    def relay(self) -> Relay | None:
-        """The in-process ``relay.runtime.Relay`` last started (None before start()): its
-        ``running``, ``dispatcher`` and ``jobs`` are what metrics read."""
-        return self._relay
 
     @property
     def stats(self) -> Stats | None:
@@ -127,9 +121,12 @@ class RelayLifecycle(Binding):
             return False
         return True
 
-    def _start(self, broker: str | Broker, sweeper: bool) -> None:
-        from relay.runtime import Relay  # the app's one import of the relay layer
+    def _relay_class(self) -> Callable[..., Any]:
+        """relay.runtime.Relay, imported by Outbox at the app layer's one seam."""
+        raise NotImplementedError
 
+    def _start(self, broker: str | Broker, sweeper: bool) -> None:
+        Relay = self._relay_class()
         engine = relay_engine(self.engine)  # never the app's own connection: ConfigError
         forks.first_connect(engine)
         try:
