@@ -147,26 +147,28 @@ def partial_index(name: str, columns: list[str], where: str) -> Index:
     return Index(name, *columns, **partial_index_kw(where))
 
 
+def with_partial_indexes(present: bool = True) -> Any:
+    """The dialect names (a tuple: ddl_if takes one, whatever its annotation says) of the
+    databases that have partial indexes, or with ``present=False`` of those that don't."""
+    return tuple(n for d in DIALECTS if d.supports_partial_indexes == present for n in d.names)
+
+
+def partial_only(name: str, column: str, where: str) -> Index:
+    """An index over the rows ``where`` picks, made only where partial indexes exist."""
+    return Index(name, column, **partial_index_kw(where)).ddl_if(dialect=with_partial_indexes())
+
+
 def drain_indexes() -> list[Index]:
     """The drain's claims by id (relay.store claim_due_stmt and claim_heads_stmt): pending,
     unscheduled rows past an id, unordered ones apart from ordered ones, so each batch
     reads about what it returns. Partial indexes on (id) where they exist; on
     MySQL/MariaDB one index whose leading columns pick the same rows."""
-    # ddl_if takes a tuple of dialect names (its annotation says one str).
-    partial: Any = tuple(n for d in DIALECTS if d.supports_partial_indexes for n in d.names)
-    whole: Any = tuple(n for d in DIALECTS if not d.supports_partial_indexes for n in d.names)
     claimable = f"status = '{PENDING}' AND deliver_at IS NULL"
     return [
-        Index(
-            "ix_outbox_message_unordered", "id", **partial_index_kw(f"{claimable} AND seq IS NULL")
-        ).ddl_if(dialect=partial),
-        Index(
-            "ix_outbox_message_ordered",
-            "id",
-            **partial_index_kw(f"{claimable} AND seq IS NOT NULL"),
-        ).ddl_if(dialect=partial),
+        partial_only("ix_outbox_message_unordered", "id", f"{claimable} AND seq IS NULL"),
+        partial_only("ix_outbox_message_ordered", "id", f"{claimable} AND seq IS NOT NULL"),
         Index("ix_outbox_message_claimable", "status", "deliver_at", "seq", "id").ddl_if(
-            dialect=whole
+            dialect=with_partial_indexes(present=False)
         ),
     ]
 
@@ -176,16 +178,11 @@ def settled_indexes() -> list[Index]:
     sent rows by sent_at alone (PostgreSQL leaves ix_outbox_message_sent's leading status
     unbounded, its predicate implying it), skipped and canceled rows by topic. Partial
     where partial indexes exist; MySQL/MariaDB's status-first indexes cover every row."""
-    partial: Any = tuple(n for d in DIALECTS if d.supports_partial_indexes for n in d.names)
     return [
-        Index(
-            "ix_outbox_message_sent_at", "sent_at", **partial_index_kw(f"status = '{SENT}'")
-        ).ddl_if(dialect=partial),
-        Index(
-            "ix_outbox_message_settled",
-            "topic",
-            **partial_index_kw(f"status IN ('{SKIPPED}', '{CANCELED}')"),
-        ).ddl_if(dialect=partial),
+        partial_only("ix_outbox_message_sent_at", "sent_at", f"status = '{SENT}'"),
+        partial_only(
+            "ix_outbox_message_settled", "topic", f"status IN ('{SKIPPED}', '{CANCELED}')"
+        ),
     ]
 
 
