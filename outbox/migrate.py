@@ -34,6 +34,7 @@ from sqlalchemy.exc import InvalidRequestError
 from outbox.dialects import dialect_for
 from outbox.engines import engine_from
 from outbox.errors import OutboxError
+from outbox.partitions import is_partition_name
 from outbox.secrets import url_of
 from outbox.table import metadata
 from outbox.urls import with_driver
@@ -286,8 +287,8 @@ def include_object(
     """Alembic's ``include_object`` hook: False for the outbox's tables and for their
     columns, indexes and constraints; True for everything else (the app's own)."""
     if type_ == "table":
-        return name not in OWNED_TABLES
-    return table_of(object) not in OWNED_TABLES
+        return not owned(name)
+    return not owned(table_of(object))
 
 
 def include_name(name: str | None, type_: str, parent_names: Mapping[Any, str | None]) -> bool:
@@ -296,8 +297,13 @@ def include_name(name: str | None, type_: str, parent_names: Mapping[Any, str | 
     if type_ == "schema":
         return True
     if type_ == "table":
-        return name not in OWNED_TABLES
-    return parent_names.get("table_name") not in OWNED_TABLES
+        return not owned(name)
+    return not owned(parent_names.get("table_name"))
+
+
+def owned(table: str | None) -> bool:
+    """A table the outbox owns: one of its own, or a partition of ``outbox_message``."""
+    return table in OWNED_TABLES or is_partition_name(table)
 
 
 def excluding_outbox(app_include_object: IncludeObject) -> IncludeObject:

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Engine
 
+from outbox import partitions
 from outbox.dialects import dialect_for
 from outbox.errors import InvalidMsgId, UnknownMessage
 from outbox.table import DEAD, PENDING
@@ -107,6 +108,10 @@ class Purged(NamedTuple):
 
     rows: int
     older_than: datetime
+    # A partitioned table (outbox.partitions): the day partitions dropped (their rows are
+    # in ``rows``), the rows they held that retention keeps, moved to the default one.
+    partitions: tuple[str, ...] = ()
+    kept: int = 0
 
 
 class Outcome(NamedTuple):
@@ -253,10 +258,19 @@ class Operator:
         written, more than ``retention_s`` ago by the database clock when the pass begins
         (never a pending, dead or skipped one), ``batch`` rows per transaction
         (``on_batch`` told each one's count) until none is left. The workers' retention
-        job (relay.sweep.sweeper.Sweeper.purge) and ``outbox purge`` both run it."""
+        job (relay.sweep.sweeper.Sweeper.purge) and ``outbox purge`` both run it.
+
+        On a partitioned table the days ahead are made first, and the days wholly older
+        than the retention are dropped (their rows to keep moved aside) before the
+        batched delete takes what is left: the default partition's, a day not yet
+        dropped."""
         with self.reading() as conn:
             older_than = store.db_clock(conn) - timedelta(seconds=retention_s)
-        purged = 0
+        partitions.ensure(self.engine)
+        days = partitions.drop_expired(self.engine, older_than)
+        if days.rows and on_batch is not None:
+            on_batch(days.rows)
+        purged = days.rows
         while True:
             with self.writing() as conn:
                 deleted = store.purge_sent(conn, older_than, batch)
@@ -264,7 +278,7 @@ class Operator:
             if deleted and on_batch is not None:
                 on_batch(deleted)
             if deleted < batch:
-                return Purged(purged, older_than)
+                return Purged(purged, older_than, tuple(days.partitions), days.kept)
 
     def act(self, action: str, msg_id: str) -> Outcome:
         """One message's ``requeue`` (a dead one), ``skip`` (a dead or pending one) or

@@ -36,7 +36,9 @@ def add_purge(commands: Commands) -> None:
         "per transaction. Pending, dead and skipped messages are never deleted. Stopped "
         "halfway, whole batches are gone and running it again takes the rest. The "
         "retention is a number of days above 0 (0 is refused, as for the setting: "
-        "--retention-s 1 purges every settled message older than a second).",
+        "--retention-s 1 purges every settled message older than a second). On a "
+        "partitioned table (outbox migrate --partitioned) a day older than the retention "
+        "is dropped whole, the messages it held that must stay moved aside first.",
     )
     add_db_flag(pur)
     add_app_flag(pur, APP_HELP)
@@ -64,14 +66,19 @@ def cmd_purge(args: argparse.Namespace) -> int:
 
 def purged_json(done: Purged, retention_s: float) -> dict[str, object]:
     return {"purged": done.rows, "older_than": done.older_than.isoformat(),
-            "retention_s": retention_s}  # fmt: skip
+            "retention_s": retention_s, "partitions_dropped": list(done.partitions),
+            "kept": done.kept}  # fmt: skip
 
 
 def said(done: Purged, retention_s: float) -> str:
     """``purged 1200 message(s) sent or canceled before 2026-11-25T09:40:00+00:00
     (retention 3 days)``."""
     before = done.older_than.isoformat()
-    return f"purged {done.rows} message(s) sent or canceled before {before} ({days(retention_s)})"
+    said = f"purged {done.rows} message(s) sent or canceled before {before} ({days(retention_s)})"
+    if done.partitions:  # a partitioned table
+        said += f"; dropped {len(done.partitions)} partition(s): {', '.join(done.partitions)}"
+        said += f", {done.kept} message(s) they held kept (pending, dead, skipped or sent late)"
+    return said
 
 
 @contextmanager

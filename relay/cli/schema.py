@@ -9,7 +9,9 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from outbox import migrate
+from sqlalchemy import Engine
+
+from outbox import migrate, partitions
 from outbox.secrets import mask_url
 from relay.cli.app import add_app_flag
 from relay.cli.common import (
@@ -56,6 +58,18 @@ def add_migrate(commands: Commands) -> None:
         help="also create or upgrade model B's table (its own branch, `modelb`)",
     )
     mig.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
+    layout = mig.add_mutually_exclusive_group()
+    layout.add_argument(
+        "--partitioned",
+        action="store_true",
+        help="PostgreSQL: partition outbox_message by day so retention drops whole days "
+        "(for high volume; an existing table is converted while senders go on)",
+    )
+    layout.add_argument(
+        "--unpartitioned",
+        action="store_true",
+        help="PostgreSQL: turn a partitioned outbox_message back into one table",
+    )
 
 
 def add_status(commands: Commands) -> None:
@@ -119,6 +133,11 @@ def add_requeue(commands: Commands) -> None:
 def cmd_migrate(args: argparse.Namespace) -> int:
     if args.model_b and args.revision != "head":
         raise UsageError("--model-b upgrades both branches to their heads: leave out --revision")
+    layout = args.partitioned or args.unpartitioned
+    if layout and (args.sql or args.revision != "head"):
+        raise UsageError(
+            "--partitioned and --unpartitioned run at head: leave out --sql and --revision"
+        )
     if args.sql:
         migrate.upgrade_sql(args.db, args.revision, model_b=args.model_b)
         return EXIT_OK
@@ -128,10 +147,28 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         if args.revision == "head":  # at head, yet columns missing: say so
             migrate.require_schema(engine, model_b=args.model_b)
         after = migrate.current_revision(engine)
+        print(f"outbox schema {migrated(before, after)} in {mask_url(args.db)}")
+        if layout:
+            print(relaid(engine, args.partitioned))
     finally:
         engine.dispose()
-    print(f"outbox schema {migrated(before, after)} in {mask_url(args.db)}")
     return EXIT_OK
+
+
+def relaid(engine: Engine, partitioned: bool) -> str:
+    """Convert outbox_message to the layout asked for, with progress while it copies."""
+    try:
+        with counting("copy") as progress:
+            done = partitions.convert(engine, partitioned, on_batch=progress.add)
+    except partitions.PartitionError as exc:
+        raise UsageError(str(exc)) from exc
+    if partitioned:
+        partitions.ensure(engine)
+    name = "partitioned by day" if partitioned else "one table, unpartitioned"
+    if not done.changed and not done.copied:
+        return f"outbox_message is already {name}"
+    return (f"outbox_message is now {name}: {done.moved} pending or dead message(s) moved "
+            f"at once, {done.copied} settled one(s) copied after")  # fmt: skip
 
 
 def migrated(before: str | None, after: str | None) -> str:

@@ -73,8 +73,10 @@ def test_purge_takes_old_sent_and_canceled_rows_only(
             put(engine, now - 9 * DAY, SENT, now - 2 * DAY),
             put(engine, now - 3 * DAY, CANCELED),
         ]
-        # Sent a minute ago though written days ago (sent_at counts), canceled lately.
-        recent = [put(engine, now - 5 * DAY, SENT, now - DAY / 1440), put(engine, now, CANCELED)]
+        # Sent a minute ago though written days ago (sent_at counts), canceled lately (10 s
+        # ago: older than the second pass's 1 s however fast the first pass ran).
+        lately = now - timedelta(seconds=10)
+        recent = [put(engine, now - 5 * DAY, SENT, now - DAY / 1440), put(engine, lately, CANCELED)]
         kept = [put(engine, now - 9 * DAY, status) for status in (PENDING, DEAD, SKIPPED)]
 
         done = cli("purge", "--db", any_db, "--retention-days", "1", "--purge-batch", "2", "--json")

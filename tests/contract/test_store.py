@@ -1,5 +1,6 @@
-"""One contract for the store (relay.store) on every database: PostgreSQL, MariaDB and
-SQLite (a file), as tests/contract/test_broker_contract.py is one for every broker.
+"""One contract for the store (relay.store) on every database: PostgreSQL (one table, and
+partitioned by day as `outbox migrate --partitioned` makes it), MariaDB and SQLite (a
+file), as tests/contract/test_broker_contract.py is one for every broker.
 
 Each test plants the rows it needs, dated by the database clock, and runs the store's
 statements as the relay, the scheduler and the operator do: claims pass over rows another
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, Engine, delete, insert, select, update
 
+from outbox import partitions
 from outbox.dialects import dialect_for
 from outbox.message import uuid7
 from outbox.table import CANCELED, DEAD, PENDING, SENT, SKIPPED, outbox_message
@@ -35,7 +37,9 @@ TOPIC = "orders"
 DEADLINE_S = 30.0  # a claim that waits this long on a held row waited for its lock
 
 
-@pytest.fixture(scope="module", params=["postgresql", "mariadb", "sqlite"])
+@pytest.fixture(
+    scope="module", params=["postgresql", "postgresql-partitioned", "mariadb", "sqlite"]
+)
 def database(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Engine]:
@@ -45,11 +49,13 @@ def database(
     with contextlib.ExitStack() as stack:
         if request.param == "sqlite":
             url = f"sqlite:///{tmp_path_factory.mktemp('store') / Path('outbox.sqlite')}"
-        elif request.param == "postgresql":
+        elif request.param.startswith("postgresql"):
             url = stack.enter_context(scratch_schema(PG_URL, "store"))
         else:
             url = stack.enter_context(scratch_mariadb("store"))
         engine = stack.enter_context(migrated(url))
+        if request.param == "postgresql-partitioned":  # outbox migrate --partitioned
+            partitions.convert(engine)
         level = dialect_for(engine).fresh_reads_isolation
         yield engine if level is None else engine.execution_options(isolation_level=level)
 
