@@ -16,8 +16,10 @@ so far land in the default partition: an insert never fails.
 - ``drop_expired(engine, older_than)`` is the retention of whole days: a day whose every
   msg_id is older than ``older_than`` is detached and dropped, after the rows retention
   must keep (pending, dead, skipped, sent later than ``older_than``) are moved to the
-  default partition. No dead tuple is left behind; the default partition's old settled
-  rows go by the batched DELETE of every database.
+  default partition. No dead tuple is left behind. The batched DELETE of every database
+  takes only the default partition's old settled rows (``default_table``): a settled row
+  in a day partition stays until its whole day is older than the retention, up to a day
+  longer than on one table.
 - ``convert(engine, partitioned)`` turns an existing table into the other layout without
   stopping senders: one short locked swap (the new table takes the name, the unsettled
   rows along), then the settled rows copied over in batches, then the old table dropped.
@@ -36,11 +38,11 @@ from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, MetaData, Table, text
 from sqlalchemy.exc import OperationalError
 
 from outbox.errors import OutboxError
-from outbox.table import CANCELED, PENDING, SENT
+from outbox.table import CANCELED, PENDING, SENT, outbox_message
 
 TABLE = "outbox_message"
 DEFAULT = f"{TABLE}_default"
@@ -97,6 +99,13 @@ def day_of(name: str) -> date | None:
 def is_partition_name(name: str | None) -> bool:
     """A table the partitioned layout makes (an app's autogenerate must leave it alone)."""
     return name is not None and (name in (DEFAULT, LEGACY) or DAY_NAME.fullmatch(name) is not None)
+
+
+def default_table() -> Table:
+    """The default partition as a table to delete from: on a partitioned table the
+    batched retention deletes only there, so that a day is never thinned row by row (its
+    dead tuples) before it is dropped whole."""
+    return outbox_message.to_metadata(MetaData(), name=DEFAULT)
 
 
 def supported(conn: Connection) -> bool:

@@ -27,7 +27,7 @@ from sqlalchemy import Connection, Engine
 from outbox import partitions
 from outbox.dialects import dialect_for
 from outbox.errors import InvalidMsgId, UnknownMessage
-from outbox.table import DEAD, PENDING
+from outbox.table import DEAD, PENDING, outbox_message
 from relay import store
 
 READ_TIMEOUT_S = 60.0  # an operator's read (a command, a dashboard page) waits this long at most
@@ -260,12 +260,13 @@ class Operator:
         (``on_batch`` told each one's count) until none is left. The workers' retention
         job (relay.sweep.sweeper.Sweeper.purge) and ``outbox purge`` both run it.
 
-        On a partitioned table the days ahead are made first, and the days wholly older
-        than the retention are dropped (their rows to keep moved aside) before the
-        batched delete takes what is left: the default partition's, a day not yet
-        dropped."""
+        On a partitioned table the days ahead are made first, the days wholly older than
+        the retention are dropped (their rows to keep moved aside), and the batched
+        delete takes only the default partition's rows (outbox.partitions)."""
         with self.reading() as conn:
             older_than = store.db_clock(conn) - timedelta(seconds=retention_s)
+            partitioned = partitions.is_partitioned(conn)
+        table = partitions.default_table() if partitioned else outbox_message
         partitions.ensure(self.engine)
         days = partitions.drop_expired(self.engine, older_than)
         if days.rows and on_batch is not None:
@@ -273,7 +274,7 @@ class Operator:
         purged = days.rows
         while True:
             with self.writing() as conn:
-                deleted = store.purge_sent(conn, older_than, batch)
+                deleted = store.purge_sent(conn, older_than, batch, table)
             purged += deleted
             if deleted and on_batch is not None:
                 on_batch(deleted)

@@ -17,6 +17,7 @@ from sqlalchemy import (
     Delete,
     Select,
     String,
+    Table,
     Update,
     Uuid,
     and_,
@@ -323,15 +324,15 @@ def record_failures_stmt() -> Update:
     )
 
 
-def purge_sent(conn: Connection, older_than: datetime, limit: int) -> int:
+def purge_sent(conn: Connection, older_than: datetime, limit: int, table: Table = t) -> int:
     """-- purge_sent -- delete at most ``limit`` settled rows older than ``older_than``:
     sent ones by ``sent_at``, canceled ones by ``created_at`` (their dedup_key is free
-    again once they are gone)."""
+    again once they are gone). ``table``: a partition (outbox.partitions.default_table)."""
     old = or_(
-        and_(t.c.status == SENT, t.c.sent_at < older_than),
-        and_(t.c.status == CANCELED, t.c.created_at < older_than),
+        and_(table.c.status == SENT, table.c.sent_at < older_than),
+        and_(table.c.status == CANCELED, table.c.created_at < older_than),
     )
-    ids = conn.execute(select(t.c.id).where(old).limit(limit)).scalars().all()
+    ids = conn.execute(select(table.c.id).where(old).limit(limit)).scalars().all()
     if not ids:
         return 0
-    return conn.execute(delete(t).where(t.c.id.in_(ids), old)).rowcount
+    return conn.execute(delete(table).where(table.c.id.in_(ids), old)).rowcount
