@@ -36,7 +36,14 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
-from outbox.dialects import DIALECTS, POSTGRESQL, dialect_for, partial_index_kw, with_variants
+from outbox.dialects import (
+    DIALECTS,
+    POSTGRESQL,
+    Dialect,
+    dialect_for,
+    partial_index_kw,
+    with_variants,
+)
 
 PENDING = "pending"
 SENT = "sent"
@@ -186,6 +193,27 @@ def settled_indexes() -> list[Index]:
     ]
 
 
+def scans_keys(dialect: Dialect) -> bool:
+    """Whether the claims find ordered heads key by key (relay.store.heads): a loose scan
+    of a partial index, for claimers that share rows by SKIP LOCKED (PostgreSQL)."""
+    return dialect.supports_partial_indexes and dialect.supports_skip_locked
+
+
+def claim_indexes() -> list[Index]:
+    """The sweeper's claim by age and every claim's ordered heads key by key, where the
+    claims scan keys (scans_keys): pending unordered rows by created_at (blocked ordered
+    rows are not in the way), and pending or dead ordered rows by (topic, key, seq), a
+    key's first entry its head or the dead row that blocks it."""
+    names: Any = tuple(n for d in DIALECTS if scans_keys(d) for n in d.names)  # see above
+    aged = f"status = '{PENDING}' AND deliver_at IS NULL AND seq IS NULL"
+    unsettled = f"status IN ('{PENDING}', '{DEAD}') AND seq IS NOT NULL"
+    indexes = [
+        Index("ix_outbox_message_unordered_age", "created_at", **partial_index_kw(aged)),
+        Index("ix_outbox_message_heads", "topic", "key", "seq", **partial_index_kw(unsettled)),
+    ]
+    return [index.ddl_if(dialect=names) for index in indexes]
+
+
 outbox_message = Table(
     "outbox_message",
     metadata,
@@ -237,6 +265,7 @@ outbox_message = Table(
     ),
     *drain_indexes(),
     *settled_indexes(),
+    *claim_indexes(),
 )
 
 # The last sequence number taken per (topic, key) of ordered messages. Only senders write

@@ -8,11 +8,13 @@ the same as before the package; new code may import from the module of its audie
 
 from __future__ import annotations
 
+from relay.store.heads import KeyAt, key_heads_stmt, scans_heads
 from relay.store.hot import (
     LOAD_PAYLOAD_BYTES,
     MIN_INLINE_BYTES,
     Claimed,
     claim,
+    claim_aged_stmt,
     claim_due_stmt,
     claim_heads_stmt,
     claimed_columns,
@@ -110,6 +112,7 @@ __all__ = [
     "Claimed",
     "Failure",
     "Head",
+    "KeyAt",
     "Minute",
     "NextDue",
     "Overtaken",
@@ -121,6 +124,7 @@ __all__ = [
     "blocked_keys_arrays",
     "blocking_head",
     "claim",
+    "claim_aged_stmt",
     "claim_due_stmt",
     "claim_heads_stmt",
     "claim_scheduled_stmt",
@@ -141,6 +145,7 @@ __all__ = [
     "held_behind",
     "is_due",
     "is_head",
+    "key_heads_stmt",
     "load_payloads",
     "mark_sent",
     "mark_sent_arrays",
@@ -163,6 +168,7 @@ __all__ = [
     "requeue_count",
     "requeue_stmt",
     "row_id_of",
+    "scans_heads",
     "scheduled",
     "scheduled_count",
     "sent_by_topic",

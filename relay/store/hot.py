@@ -209,6 +209,24 @@ def claim_due_stmt(
     )
 
 
+def claim_aged_stmt(
+    cutoff: datetime, now: datetime, limit: int, due_only: bool = True
+) -> Select[Any]:
+    """-- claim_aged -- the sweeper's unordered rows older than the cutoff (and, with
+    ``due_only``, not backing off), oldest first, locked; where the claims scan keys
+    (relay.store.heads), beside its ordered heads' claim. One range of
+    ix_outbox_message_unordered_age: the ordered rows, blocked ones too, are not in it."""
+    due = or_(t.c.next_attempt_at.is_(None), t.c.next_attempt_at <= now) if due_only else true()
+    return (
+        select(*claimed_columns(limit))
+        .where(t.c.status == PENDING, t.c.deliver_at.is_(None), t.c.seq.is_(None))
+        .where(t.c.created_at < cutoff, due)
+        .order_by(t.c.created_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+
+
 def claim_heads_stmt(cutoff: datetime, limit: int, failed: Collection[int] = ()) -> Select[Any]:
     """-- claim_heads -- a drain's ordered heads older than the cutoff, whatever their id
     (a row became its key's head when the one before it was sent, maybe after the drain's
@@ -327,12 +345,16 @@ def record_failures_stmt() -> Update:
 def purge_sent(conn: Connection, older_than: datetime, limit: int, table: Table = t) -> int:
     """-- purge_sent -- delete at most ``limit`` settled rows older than ``older_than``:
     sent ones by ``sent_at``, canceled ones by ``created_at`` (their dedup_key is free
-    again once they are gone). ``table``: a partition (outbox.partitions.default_table)."""
-    old = or_(
-        and_(table.c.status == SENT, table.c.sent_at < older_than),
-        and_(table.c.status == CANCELED, table.c.created_at < older_than),
-    )
-    ids = conn.execute(select(table.c.id).where(old).limit(limit)).scalars().all()
+    again once they are gone). ``table``: a partition (outbox.partitions.default_table).
+
+    Sent rows, then canceled ones, each by a read of its own: each reads its own index
+    range (sent rows by sent_at), where one OR of both read every sent row on MariaDB."""
+    sent = and_(table.c.status == SENT, table.c.sent_at < older_than)
+    canceled = and_(table.c.status == CANCELED, table.c.created_at < older_than)
+    ids = list(conn.execute(select(table.c.id).where(sent).limit(limit)).scalars())
+    if len(ids) < limit:
+        more = select(table.c.id).where(canceled).limit(limit - len(ids))
+        ids += conn.execute(more).scalars()
     if not ids:
         return 0
-    return conn.execute(delete(table).where(table.c.id.in_(ids), old)).rowcount
+    return conn.execute(delete(table).where(table.c.id.in_(ids), or_(sent, canceled))).rowcount

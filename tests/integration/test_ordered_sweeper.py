@@ -397,7 +397,8 @@ def test_a_broker_lost_between_waves_keeps_the_acked_rows_and_costs_the_rest_not
 
 
 def test_the_claim_filter_is_one_step_back_on_the_key_index(pg_url: str) -> None:
-    """The plan of the claim: each candidate's head check is an index scan of its key."""
+    """The plan of the claim: each candidate's head check is an index scan of its key
+    (ix_outbox_message_key_seq, or ix_outbox_message_heads: its pending and dead rows)."""
     with migrated(pg_url) as engine:
         send_ordered(engine, keys=3, per_key=3)
         with engine.connect() as conn:
@@ -405,4 +406,4 @@ def test_the_claim_filter_is_one_step_back_on_the_key_index(pg_url: str) -> None
             stmt = store.claim_due_stmt(now, now, 500)
             sql = str(stmt.compile(engine, compile_kwargs={"literal_binds": True}))
             plan = "\n".join(conn.execute(text(f"EXPLAIN {sql}")).scalars())
-        assert "ix_outbox_message_key_seq" in plan, plan
+        assert "ix_outbox_message_key_seq" in plan or "ix_outbox_message_heads" in plan, plan
