@@ -42,30 +42,31 @@ from relay.operator import Operator
 MARIADB = os.environ.get("OUTBOX_TEST_MARIADB", "mysql+pymysql://root@127.0.0.1:3306/test")
 DAY_S = 86400.0
 HISTORY_WAIT_S = 120.0
-# A sent row of the given age (its created_at, sent_at and msg_id's time); ``{n}`` rows,
-# row ``g`` of them ``g * {step}`` seconds old.
+# Sent rows of rising age (created_at, sent_at and msg_id's time), ids rising with time
+# as senders write them: row ``g`` of ``top`` is ``(top - g) * step`` seconds old.
 SEED_PG = """
     INSERT INTO outbox_message (msg_id, topic, payload, status, created_at, sent_at)
     SELECT (lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0') || '7'
             || substr(md5(g::text), 1, 19))::uuid,
            'bench.purge', convert_to(repeat('x', 200), 'UTF8'), 'sent', t, t
     FROM generate_series(CAST(:lo AS int), CAST(:hi AS int)) AS g,
-         LATERAL (SELECT now() - g * CAST(:step AS float8) * interval '1 second' AS t) s"""
+         LATERAL (SELECT now() - (:top - g) * CAST(:step AS float8) * interval '1 second' AS t) s"""
 SEED_MARIADB = """
     INSERT INTO outbox_message (msg_id, topic, payload, status, created_at, sent_at)
     SELECT concat(lpad(hex(floor(unix_timestamp(t) * 1000)), 12, '0'), '7',
                   substr(md5(seq), 1, 19)),
            'bench.purge', repeat('x', 200), 'sent', t, t
-    FROM (SELECT seq, utc_timestamp(6) - interval seq * :step second AS t
+    FROM (SELECT seq, utc_timestamp(6) - interval (:top - seq) * :step second AS t
           FROM seq_{lo}_to_{hi}) s"""
 SEED_SQLITE = """
     WITH RECURSIVE g(n) AS (SELECT :lo UNION ALL SELECT n + 1 FROM g WHERE n < :hi)
     INSERT INTO outbox_message (msg_id, topic, payload, status, created_at, sent_at)
-    SELECT printf('%012x', CAST((julianday('now') - 2440587.5) * 86400000.0 - n * :step * 1000
-                                AS INTEGER)) || '7' || substr(lower(hex(randomblob(10))), 1, 19),
+    SELECT printf('%012x', CAST((julianday('now') - 2440587.5) * 86400000.0
+                                - (:top - n) * :step * 1000 AS INTEGER))
+           || '7' || substr(lower(hex(randomblob(10))), 1, 19),
            'bench.purge', zeroblob(200), 'sent',
-           strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || (n * :step) || ' seconds'),
-           strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || (n * :step) || ' seconds')
+           strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ((:top - n) * :step) || ' seconds'),
+           strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ((:top - n) * :step) || ' seconds')
     FROM g"""
 CHUNK = 100_000
 
@@ -85,7 +86,7 @@ def seed(engine: Engine, rows: int, sql: str, formatted: bool = False) -> None:
         hi = min(lo + CHUNK - 1, rows)
         statement = sql.format(lo=lo, hi=hi) if formatted else sql
         with engine.begin() as conn:
-            conn.execute(text(statement), {"lo": lo, "hi": hi, "step": step})
+            conn.execute(text(statement), {"lo": lo, "hi": hi, "top": rows, "step": step})
 
 
 def retention_s(engine: Engine) -> float:

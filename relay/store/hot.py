@@ -345,12 +345,16 @@ def record_failures_stmt() -> Update:
 def purge_sent(conn: Connection, older_than: datetime, limit: int, table: Table = t) -> int:
     """-- purge_sent -- delete at most ``limit`` settled rows older than ``older_than``:
     sent ones by ``sent_at``, canceled ones by ``created_at`` (their dedup_key is free
-    again once they are gone). ``table``: a partition (outbox.partitions.default_table)."""
-    old = or_(
-        and_(table.c.status == SENT, table.c.sent_at < older_than),
-        and_(table.c.status == CANCELED, table.c.created_at < older_than),
-    )
-    ids = conn.execute(select(table.c.id).where(old).limit(limit)).scalars().all()
+    again once they are gone). ``table``: a partition (outbox.partitions.default_table).
+
+    Sent rows, then canceled ones, each by a read of its own: each reads its own index
+    range (sent rows by sent_at), where one OR of both read every sent row on MariaDB."""
+    sent = and_(table.c.status == SENT, table.c.sent_at < older_than)
+    canceled = and_(table.c.status == CANCELED, table.c.created_at < older_than)
+    ids = list(conn.execute(select(table.c.id).where(sent).limit(limit)).scalars())
+    if len(ids) < limit:
+        more = select(table.c.id).where(canceled).limit(limit - len(ids))
+        ids += conn.execute(more).scalars()
     if not ids:
         return 0
-    return conn.execute(delete(table).where(table.c.id.in_(ids), old)).rowcount
+    return conn.execute(delete(table).where(table.c.id.in_(ids), or_(sent, canceled))).rowcount

@@ -17,10 +17,12 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, insert, select, text
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Engine, MetaData, func, insert, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
-from outbox import partitions
+from outbox import migrate, partitions
 from outbox.message import dedup_id, uuid7
 from outbox.table import CANCELED, DEAD, PENDING, SENT, SKIPPED, outbox_message
 from relay import cli as cli_module
@@ -259,3 +261,22 @@ def test_conversion_while_senders_send_loses_and_repeats_nothing(plain: Engine, 
             conn.execute(text("SELECT to_regclass(:t)"), {"t": partitions.LEGACY}).scalar() is None
         )
     assert len(sent) > 3 * len(senders.threads)  # they kept committing, none failed
+
+
+def test_later_migrations_and_the_apps_autogenerate_see_one_table(parted: Engine) -> None:
+    """Alembic's changes reach every partition (0009 and on, downgraded and made again);
+    an app's autogenerate with the outbox's hooks proposes nothing for the partitions."""
+    url = parted.url.render_as_string(hide_password=False)
+    migrate.downgrade(url, "0008")
+    migrate.upgrade(url)
+    migrate.require_schema(url)
+    day_index = f"{partitions.day_name(today(parted))}_sent_at_idx"
+    with parted.connect() as conn:
+        assert day_index in {
+            i["name"] for i in inspect(conn).get_indexes(partitions.day_name(today(parted)))
+        }
+        context = MigrationContext.configure(
+            conn,
+            opts={"include_name": migrate.include_name, "include_object": migrate.include_object},
+        )
+        assert compare_metadata(context, MetaData()) == []  # the app has no tables: no drops
