@@ -11,6 +11,10 @@ test_drain_plan) of each claim read a few times what they return, not the backlo
 - the ordered heads key by key (relay.store.heads), the sweeper's and the drain's, one
   probe per key: the heads of the open keys, nothing of a blocked one;
 - the scheduler's due rows (ix_outbox_message_due).
+On MariaDB, beside a retained ledger of sent rows, the sweeper's claim (one statement
+there) reads its rows by ix_outbox_message_pending_age: ix_outbox_message_pending is
+over every row there, so it read the ledger and the scheduled rows first; the
+scheduler's reads ix_outbox_message_due.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from outbox.settings import Settings
 from relay import store
 from relay.sweep.claims import Claimer, Cursor
 from relay.testing import scratch_schema
-from tests.conftest import PG_URL
+from tests.conftest import PG_URL, scratch_mariadb
 from tests.helpers import migrated
 from tests.integration.test_drain_plan import executed_plan
 
@@ -63,6 +67,24 @@ TEN_KEYS = """
     SELECT gen_random_uuid(), 'turns', 'k' || ((g - 1) % 10), (g - 1) / 10 + 1,
            '\\x7b7d'::bytea, now() - interval '1 hour'
     FROM generate_series(1, 20) AS g"""
+
+# MariaDB: a retained ledger of sent rows, then pending and scheduled ones, as many each.
+MARIA_ROWS = 20_000
+MARIA_FILL = [
+    f"""INSERT INTO outbox_message (msg_id, topic, payload, created_at, status, sent_at)
+        SELECT REPLACE(UUID(), '-', ''), 'plan', '{{}}',
+               UTC_TIMESTAMP(6) - INTERVAL 3 HOUR + INTERVAL (seq * 1000) MICROSECOND,
+               'sent', UTC_TIMESTAMP(6)
+        FROM seq_1_to_{MARIA_ROWS}""",
+    f"""INSERT INTO outbox_message (msg_id, topic, payload, created_at)
+        SELECT REPLACE(UUID(), '-', ''), 'plan', '{{}}',
+               UTC_TIMESTAMP(6) - INTERVAL 1 HOUR + INTERVAL (seq * 1000) MICROSECOND
+        FROM seq_1_to_{MARIA_ROWS}""",
+    f"""INSERT INTO outbox_message (msg_id, topic, payload, created_at, deliver_at)
+        SELECT REPLACE(UUID(), '-', ''), 'later', '{{}}', UTC_TIMESTAMP(6) - INTERVAL 2 HOUR,
+               UTC_TIMESTAMP(6) - INTERVAL 1 HOUR + INTERVAL (seq * 1000) MICROSECOND
+        FROM seq_1_to_{MARIA_ROWS}""",
+]
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +174,30 @@ def test_more_heads_than_a_batch_take_turns(pg_url: str) -> None:
                 taken.append(sorted(row.key or "" for row in rows if row.seq == 1))
                 conn.rollback()
     assert taken == [["k0", "k1", "k2", "k3"], ["k4", "k5", "k6", "k7"], ["k0", "k1", "k8", "k9"]]
+
+
+@pytest.fixture(scope="module")
+def maria_backlog() -> Iterator[Engine]:
+    """A migrated MariaDB database holding the rows of MARIA_FILL, analyzed."""
+    with scratch_mariadb("claims") as url, migrated(url) as engine:
+        with engine.begin() as conn:
+            for fill in MARIA_FILL:
+                conn.execute(text(fill))
+            conn.execute(text("ANALYZE TABLE outbox_message"))
+        yield engine
+
+
+def test_mariadbs_sweeper_and_scheduler_read_about_what_they_return(
+    maria_backlog: Engine,
+) -> None:
+    """The sweeper's claim (one statement there) by ix_outbox_message_pending_age, not
+    through the ledger and the scheduled rows; the scheduler's by ix_outbox_message_due."""
+    with maria_backlog.connect() as conn:
+        now, cutoff = clock(conn)
+        for stmt in (
+            store.claim_due_stmt(cutoff, now, LIMIT),
+            store.claim_scheduled_stmt(now, LIMIT),
+        ):
+            read, returned = executed_plan(conn, stmt)
+            assert returned == LIMIT
+            assert read < 2 * LIMIT, f"read {read} rows for {returned}"
