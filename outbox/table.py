@@ -294,3 +294,29 @@ transaction_record = Table(
     Column("msg_id", Uuid(), nullable=False),
     Column("created_at", time_type, nullable=False, server_default=db_now()),
 )
+
+# The consumer's inbox (outbox.inbox.Inbox): one row per (consumer, msg_id) it handled,
+# written in the handler's own transaction, so a copy of that message (the broker's
+# redelivery, a requeue) is acknowledged without running the handler again. A message
+# that failed past its attempts is kept as the consumer's dead letter, with what is
+# needed to run it again (topic, headers, payload).
+HANDLED = "handled"
+REQUEUED = "requeued"  # a dead letter given back: the consumer runs it again
+INBOX_STATUSES = (HANDLED, DEAD, REQUEUED)
+inbox_message = Table(
+    "outbox_inbox",
+    metadata,
+    Column("consumer", name_type, primary_key=True),
+    Column("msg_id", Uuid(), primary_key=True),
+    Column("topic", name_type, nullable=False),
+    Column("status", String(8), nullable=False, server_default=text(f"'{HANDLED}'")),
+    Column("attempts", Integer(), nullable=False, server_default=text("1")),
+    Column("last_error", Text()),
+    Column("headers", JSON()),
+    Column("payload", payload_type),
+    Column("created_at", time_type, nullable=False, server_default=db_now()),
+    CheckConstraint(f"status IN {INBOX_STATUSES!r}", name="status"),
+    # A consumer's dead letters and requeued ones (`outbox dead --consumer`), and the
+    # retention's old handled rows, by status and age.
+    Index("ix_outbox_inbox_status", "consumer", "status", "created_at"),
+)

@@ -61,7 +61,7 @@ def run(*args: str, timeout: float = 120) -> str:
 
 def test_migrate_status_requeue_on_a_database_that_lets_them_in(pg_url: str) -> None:
     for db in (with_password(pg_url), raw_password(pg_url)):
-        assert "0010 in postgresql+psycopg://postgres:***@" in run("migrate", "--db", db)
+        assert "0011 in postgresql+psycopg://postgres:***@" in run("migrate", "--db", db)
         assert "TOTAL" in run("status", "--db", db)
         assert "requeued 0" in run("requeue", "--db", db, "--dead")
 

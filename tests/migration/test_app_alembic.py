@@ -276,7 +276,7 @@ def test_the_apps_revision_runs_the_outbox_migrations(any_db: str, app_project: 
         "alembic_version",
     }
     assert versions(any_db, "alembic_version") == [APP_HEAD]
-    assert versions(any_db, migrate.VERSION_TABLE) == ["0010"]
+    assert versions(any_db, migrate.VERSION_TABLE) == ["0011"]
     migrate.require_schema(any_db)
     command.check(config)  # `alembic check`: raises on any difference
 
@@ -326,7 +326,7 @@ def test_upgrade_on_a_connection_commits_nothing(pg_url: str) -> None:
     engine = create_engine(pg_url, poolclass=NullPool)
     with engine.connect() as conn:
         assert migrate.upgrade(conn) is None
-        assert migrate.current_revision(conn) == "0010"
+        assert migrate.current_revision(conn) == "0011"
         assert conn.in_transaction()
         conn.rollback()
     assert tables(pg_url) == set()

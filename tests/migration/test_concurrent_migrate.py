@@ -50,10 +50,10 @@ def check_all_succeeded(db: str) -> None:
     runs = migrate_at_once(db)
     failed = [r.stderr for r in runs if r.returncode != 0]
     assert failed == [], failed
-    said = sorted("upgraded none -> 0010" in r.stdout for r in runs)
+    said = sorted("upgraded none -> 0011" in r.stdout for r in runs)
     assert said == [False] * (len(runs) - 1) + [True], [r.stdout for r in runs]  # one did it
-    assert all("-> 0010" in r.stdout or "already at 0010" in r.stdout for r in runs)
-    assert versions(db) == ["0010"], "the schema is at head, once"
+    assert all("-> 0011" in r.stdout or "already at 0011" in r.stdout for r in runs)
+    assert versions(db) == ["0011"], "the schema is at head, once"
     assert tables(db) == OUTBOX_TABLES
     assert schema_diff(db) == []
 

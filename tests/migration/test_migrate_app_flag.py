@@ -44,7 +44,7 @@ def test_migrate_takes_the_apps_database(
     app_module: str, attr: str, sqlite_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["migrate", "--app", f"{app_module}:{attr}"]) == 0
-    assert f"outbox schema upgraded none -> 0010 in {sqlite_url}" in capsys.readouterr().out
+    assert f"outbox schema upgraded none -> 0011 in {sqlite_url}" in capsys.readouterr().out
     assert tables(sqlite_url) == OUTBOX_TABLES
 
 

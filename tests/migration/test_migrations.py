@@ -18,7 +18,7 @@ from outbox.table import metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 # What a plain `outbox migrate` makes: model B's table only with --model-b.
-OUTBOX_TABLES = {"outbox_message", "outbox_sequence", migrate.VERSION_TABLE}
+OUTBOX_TABLES = {"outbox_message", "outbox_sequence", "outbox_inbox", migrate.VERSION_TABLE}
 
 
 def tables(url: str) -> set[str]:
@@ -63,7 +63,7 @@ def other_dialects(change: tuple, dialect: str) -> bool:  # type: ignore[type-ar
 def test_upgrade_downgrade_upgrade(any_db: str) -> None:
     migrate.upgrade(any_db)
     assert tables(any_db) == OUTBOX_TABLES
-    assert migrate.current_revision(any_db) == "0010"
+    assert migrate.current_revision(any_db) == "0011"
     migrate.downgrade(any_db)
     assert tables(any_db) == {migrate.VERSION_TABLE}
     assert migrate.current_revision(any_db) is None
@@ -115,10 +115,10 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 def test_cli_migrate_is_idempotent(pg_url: str) -> None:
     first = run_cli("migrate", "--db", pg_url)
     assert first.returncode == 0, first.stderr
-    assert "outbox schema upgraded none -> 0010" in first.stdout
+    assert "outbox schema upgraded none -> 0011" in first.stdout
     second = run_cli("migrate", "--db", pg_url)
     assert second.returncode == 0, second.stderr
-    assert "outbox schema already at 0010" in second.stdout
+    assert "outbox schema already at 0011" in second.stdout
     assert tables(pg_url) == OUTBOX_TABLES
 
 

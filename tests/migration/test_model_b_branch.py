@@ -15,7 +15,7 @@ from outbox.table import session_now, time_type
 from tests.migration.test_migrations import OUTBOX_TABLES, run_cli, schema_diff, tables
 
 MODEL_B = migrate.MODEL_B_TABLE
-BOTH = "0010 + modelb_0001"
+BOTH = "0011 + modelb_0001"
 INSERT_RECORD = (
     f"INSERT INTO {MODEL_B} (transaction_id, producer_group, msg_id) VALUES (:t, 'g', :m)"
 )
@@ -49,7 +49,7 @@ def records(url: str) -> list[str]:
 def test_a_plain_migrate_makes_no_model_b_table(any_db: str) -> None:
     migrate.upgrade(any_db)
     assert MODEL_B not in tables(any_db)
-    assert migrate.current_revision(any_db) == "0010"
+    assert migrate.current_revision(any_db) == "0011"
     migrate.require_schema(any_db)  # model A needs nothing more
     with pytest.raises(migrate.SchemaProblem, match="run `outbox migrate --model-b`") as found:
         migrate.require_schema(any_db, model_b=True)
@@ -72,7 +72,7 @@ def test_the_cli_flag(pg_url: str) -> None:
     assert MODEL_B not in tables(pg_url)
     done = run_cli("migrate", "--db", pg_url, "--model-b")
     assert done.returncode == 0, done.stderr
-    assert f"outbox schema upgraded 0010 -> {BOTH}" in done.stdout
+    assert f"outbox schema upgraded 0011 -> {BOTH}" in done.stdout
     again = run_cli("migrate", "--db", pg_url)
     assert f"outbox schema already at {BOTH}" in again.stdout
     assert MODEL_B in tables(pg_url)
@@ -91,7 +91,7 @@ def test_the_sql_has_model_b_only_when_asked() -> None:
 
 
 def test_an_old_database_keeps_its_table_and_rows(any_db: str) -> None:
-    """Migrated to 0010 by an earlier outbox-relay, with model B's table made by 0002 and
+    """Migrated to 0011 by an earlier outbox-relay, with model B's table made by 0002 and
     a row in it: it keeps working as it is, and the next migrate adopts the table."""
     at_old_0002(any_db)
     engine = create_engine(any_db, poolclass=NullPool)
@@ -101,11 +101,11 @@ def test_an_old_database_keeps_its_table_and_rows(any_db: str) -> None:
             {"t": "tx1", "m": uuid.uuid4().hex},
         )
     engine.dispose()
-    migrate.upgrade(any_db, "0010")  # as the earlier release's `outbox migrate` did
-    assert migrate.current_revision(any_db) == "0010"
+    migrate.upgrade(any_db, "0011")  # as the earlier release's `outbox migrate` did
+    assert migrate.current_revision(any_db) == "0011"
     migrate.require_schema(any_db)  # at head for model A: fine as it is
 
-    assert migrate.upgrade(any_db) == "0010"  # a plain migrate adopts the table
+    assert migrate.upgrade(any_db) == "0011"  # a plain migrate adopts the table
     assert migrate.current_revision(any_db) == BOTH
     assert records(any_db) == ["tx1"]
     migrate.require_schema(any_db, model_b=True)

@@ -155,5 +155,5 @@ def test_postgresql_and_sqlite_have_nothing_to_convert(pg_url: str, sqlite_url: 
     for url in (pg_url, sqlite_url):
         migrate.upgrade(url, "0002")
         migrate.upgrade(url)
-        assert migrate.current_revision(url) == "0010"
+        assert migrate.current_revision(url) == "0011"
         migrate.downgrade(url, "0002")

@@ -1,0 +1,347 @@
+"""The consumer's side: an inbox that makes at-least-once delivery effectively once.
+
+A broker delivers a message at least once: again after a consumer died before its ack,
+again when an operator requeues it at the outbox. ``Inbox`` runs each message's handler
+in a transaction of the consumer's own database that also records ``(consumer,
+msg_id)`` in ``outbox_inbox``; the runner (``outbox consume``, relay.consume)
+acknowledges the broker's message only after that commit. A copy of a message the
+consumer recorded is acknowledged without running the handler::
+
+    inbox = Inbox("postgresql://app@db/shop", consumer="billing")
+
+    @inbox.handler("orders.*")
+    def bill(session: Session, message: InboxMessage) -> None:
+        session.add(Invoice(order=message.json()["order"]))
+
+A handler that raises rolls its transaction back (nothing recorded) and the message is
+tried again later, after ``backoff_s``; past ``max_attempts`` it becomes the consumer's
+dead letter (a row with its error, topic, headers and payload) and is acknowledged:
+``outbox dead --consumer NAME`` lists it, ``outbox requeue --consumer NAME`` gives it
+back and the runner runs it again from the table. One message's failure never stops or
+repeats another's. Several consumers (names) are independent; processes of one consumer
+share the work (the broker's durable consumer, queue or group), and the inbox row's key
+lets only one of two concurrent copies run its handler to the commit.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import json
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, cast
+
+from sqlalchemy import CursorResult, Engine, and_, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox import aio
+from outbox.binding import Binding
+from outbox.errors import ConfigError, OutboxError
+from outbox.message import KEY_HEADER, SEQ_HEADER, TAGS_HEADER
+from outbox.names import check_name
+from outbox.settings import Settings
+from outbox.table import DEAD, HANDLED, REQUEUED, db_now, inbox_message
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+t = inbox_message
+MAX_ATTEMPTS = 5
+BACKOFF_S = (1.0, 5.0, 30.0, 120.0, 600.0)  # before the 2nd, 3rd ... attempt; the last repeats
+ERROR_MAX = 2000  # characters of a dead letter's error kept
+OWN_HEADERS = (KEY_HEADER, TAGS_HEADER, SEQ_HEADER)  # the outbox's, not the app's
+
+
+@dataclass(frozen=True)
+class InboxMessage:
+    """One message as a handler gets it: the outbox's msg_id, its topic, ordering key and
+    place in that key (``seq``, the ``Outbox-Seq`` header), the app's headers and the
+    payload's bytes (``json()`` decodes them)."""
+
+    msg_id: uuid.UUID
+    topic: str
+    payload: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+    key: str | None = None
+    seq: int | None = None
+    tags: str | None = None
+
+    def json(self) -> Any:
+        return json.loads(self.payload)
+
+    @classmethod
+    def from_broker(
+        cls, msg_id: str, topic: str, payload: bytes, headers: Mapping[str, str]
+    ) -> InboxMessage:
+        """The message from what a broker delivered: the outbox's own headers (key, tags,
+        seq) taken out of the app's; an OutboxError when it is not one the outbox sent."""
+        try:
+            parsed = uuid.UUID(msg_id)
+        except (TypeError, ValueError) as exc:
+            raise OutboxError(f"not a message of the outbox: msg_id {msg_id!r}") from exc
+        seq = headers.get(SEQ_HEADER)
+        if seq is not None and not seq.isdigit():
+            raise OutboxError(f"not a message of the outbox: {SEQ_HEADER} {seq!r}")
+        own = {k: v for k, v in headers.items() if k not in OWN_HEADERS}
+        return cls(parsed, topic, payload, own, headers.get(KEY_HEADER),
+                   None if seq is None else int(seq), headers.get(TAGS_HEADER))  # fmt: skip
+
+    def header_map(self) -> dict[str, str]:
+        """The headers as the broker carried them (the outbox's own included)."""
+        own = {KEY_HEADER: self.key, TAGS_HEADER: self.tags,
+               SEQ_HEADER: None if self.seq is None else str(self.seq)}  # fmt: skip
+        return {**self.headers, **{k: v for k, v in own.items() if v is not None}}
+
+
+SyncHandler: TypeAlias = Callable[[Session, InboxMessage], object]
+AsyncHandler: TypeAlias = Callable[["AsyncSession", InboxMessage], Awaitable[object]]
+Handler: TypeAlias = SyncHandler | AsyncHandler
+
+
+class Outcome(enum.StrEnum):
+    """What became of one delivery: what the runner tells the broker follows from it."""
+
+    HANDLED = "handled"  # the handler committed: ack
+    DUPLICATE = "duplicate"  # recorded before: ack, the handler did not run
+    RETRY = "retry"  # the handler failed: not acked, tried again after ``delay_s``
+    DEAD = "dead"  # failed past max_attempts (or no handler): recorded as dead, ack
+
+
+class Result(NamedTuple):
+    outcome: Outcome
+    delay_s: float = 0.0  # RETRY: wait this long before the next attempt
+    error: str | None = None
+
+
+class Duplicate(Exception):
+    """The inbox row was there already: leave the transaction, run nothing."""
+
+
+def pattern_regex(pattern: str) -> re.Pattern[str]:
+    """A topic pattern in the broker's wildcard syntax (NATS subjects): ``*`` one token,
+    ``>`` (last) one or more. The same rule as spark_jobs.topics, which imports nothing
+    of the outbox's."""
+    tokens = pattern.split(".") if isinstance(pattern, str) else [""]
+    last = len(tokens) - 1
+    misplaced = any((">" in k and (k != ">" or i < last)) or ("*" in k and k != "*")
+                    for i, k in enumerate(tokens))  # fmt: skip
+    if "" in tokens or misplaced:
+        raise ConfigError(
+            f"pattern: tokens separated by dots, '*' for one token, '>' for the rest at "
+            f"the end, got {pattern!r}"
+        )
+    parts = [r"[^.]+" if k == "*" else r".+" if k == ">" else re.escape(k) for k in tokens]
+    return re.compile(r"\.".join(parts))
+
+
+class Inbox(Binding):
+    """A consumer's inbox on ``db`` (a URL, an Engine or an AsyncEngine).
+
+    ``consumer`` names it (letters, digits, ``_``; the broker's durable consumer, queue or
+    group takes the name too). ``max_attempts`` tries per message before it is dead,
+    ``backoff_s`` the waits between them. ``session_factory``: the app's own
+    (``sessionmaker`` or ``async_sessionmaker``) for its handlers' sessions.
+    """
+
+    def __init__(
+        self,
+        db: str | Engine | AsyncEngine | None = None,
+        consumer: str = "",
+        *,
+        session_factory: Any = None,
+        max_attempts: int = MAX_ATTEMPTS,
+        backoff_s: tuple[float, ...] = BACKOFF_S,
+    ) -> None:
+        self.consumer = check_name("consumer", consumer)
+        self.max_attempts = check_attempts(max_attempts)
+        self.backoff_s = check_backoff(backoff_s)
+        self.handlers: list[tuple[re.Pattern[str], str, Handler]] = []
+        self.settings = Settings()
+        self._engine, self._owns_engine = None, False
+        self._async_engine, self._owns_async_engine = None, True
+        self._made_session_factory = not isinstance(session_factory, sessionmaker)
+        self.session_factory = sessionmaker()
+        self._async_factory = None
+        if aio.is_async_factory(session_factory):
+            self._async_factory = session_factory
+        elif session_factory is not None:
+            self.session_factory = session_factory
+        self._made_async_factory = self._async_factory is None
+        self._relay = None
+        if db is not None:
+            self.bind(db)
+
+    def __repr__(self) -> str:
+        return f"Inbox(consumer={self.consumer!r}, handlers={[p for _, p, _ in self.handlers]})"
+
+    def handler(self, pattern: str) -> Callable[[Handler], Handler]:
+        """Register ``fn(session, message)`` for the topics ``pattern`` matches (the first
+        registered pattern that matches a topic wins). ``async def`` handlers get an
+        ``AsyncSession``."""
+        regex = pattern_regex(pattern)
+
+        def register(fn: Handler) -> Handler:
+            if not callable(fn):
+                raise ConfigError(f"handler: must be callable, got {fn!r}")
+            self.handlers.append((regex, pattern, fn))
+            return fn
+
+        return register
+
+    @property
+    def patterns(self) -> list[str]:
+        """The topic patterns of the handlers: what the runner subscribes to."""
+        return [pattern for _, pattern, _ in self.handlers]
+
+    def handler_for(self, topic: str) -> Handler | None:
+        return next((fn for regex, _, fn in self.handlers if regex.fullmatch(topic)), None)
+
+    def delay_before(self, attempt: int) -> float:
+        """Seconds to wait before attempt ``attempt + 1``."""
+        return self.backoff_s[min(attempt, len(self.backoff_s)) - 1]
+
+    # One delivery
+
+    def handle(self, message: InboxMessage, attempt: int = 1) -> Result:
+        """Run the handler of ``message`` in a transaction that records it, unless it was
+        recorded before. ``attempt``: the broker's delivery count (1: the first)."""
+        fn = self.handler_for(message.topic)
+        if fn is None or is_async(fn):
+            return self._no_sync_handler(message, fn, attempt)
+        run = cast(SyncHandler, fn)
+        try:
+            with self.session_factory() as session, session.begin():
+                self._record(session, message)
+                run(session, message)
+        except Duplicate:
+            return Result(Outcome.DUPLICATE)
+        except Exception as exc:  # the handler's fault: this message's alone
+            return self._failed(message, attempt, exc)
+        return Result(Outcome.HANDLED)
+
+    async def handle_async(self, message: InboxMessage, attempt: int = 1) -> Result:
+        """``handle`` for ``async def`` handlers, in an ``AsyncSession``; a sync handler
+        runs in a worker thread."""
+        fn = self.handler_for(message.topic)
+        if fn is None or not is_async(fn):
+            import asyncio
+
+            return await asyncio.to_thread(self.handle, message, attempt)
+        run = cast(AsyncHandler, fn)
+        try:
+            async with self.async_session_factory() as session, session.begin():
+                await session.run_sync(self._record, message)
+                await run(session, message)
+        except Duplicate:
+            return Result(Outcome.DUPLICATE)
+        except Exception as exc:
+            return self._failed(message, attempt, exc)
+        return Result(Outcome.HANDLED)
+
+    def _no_sync_handler(self, message: InboxMessage, fn: Handler | None, attempt: int) -> Result:
+        if fn is None:
+            error = f"no handler of consumer {self.consumer!r} matches topic {message.topic!r}"
+            return self._bury(message, attempt, error)
+        raise ConfigError(
+            f"handler: {fn!r} for {message.topic!r} is async: run the inbox with "
+            "run_async() (or handle_async())"
+        )
+
+    def _record(self, session: Session, message: InboxMessage) -> None:
+        """The inbox row, first in the transaction: a second copy waits here for the
+        first one's commit and then finds the row (Duplicate), or its rollback and then
+        runs."""
+        row = {"consumer": self.consumer, "msg_id": message.msg_id, "topic": message.topic}
+        try:
+            session.execute(insert(t).values(**row))
+        except IntegrityError as exc:
+            raise Duplicate from exc
+
+    def _failed(self, message: InboxMessage, attempt: int, exc: BaseException) -> Result:
+        error = f"{type(exc).__name__}: {exc}"[:ERROR_MAX]
+        if attempt >= self.max_attempts:
+            return self._bury(message, attempt, error)
+        return Result(Outcome.RETRY, self.delay_before(attempt), error)
+
+    def _bury(self, message: InboxMessage, attempt: int, error: str) -> Result:
+        """Record ``message`` as this consumer's dead letter (ack it then); a copy recorded
+        meanwhile (handled by another process) is left as it is."""
+        row = {"consumer": self.consumer, "msg_id": message.msg_id, "topic": message.topic,
+               "status": DEAD, "attempts": attempt, "last_error": error,
+               "headers": message.header_map(), "payload": message.payload}  # fmt: skip
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(insert(t).values(**row))
+        except IntegrityError:
+            return Result(Outcome.DUPLICATE)
+        return Result(Outcome.DEAD, error=error)
+
+    # Dead letters given back
+
+    def requeued(self, limit: int = 100) -> list[InboxMessage]:
+        """Dead letters an operator gave back (``outbox requeue --consumer``), oldest first."""
+        query = (
+            select(t.c.msg_id, t.c.topic, t.c.payload, t.c.headers)
+            .where(t.c.consumer == self.consumer, t.c.status == REQUEUED)
+            .order_by(t.c.created_at)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [stored(row.msg_id, row.topic, row.payload, row.headers) for row in rows]
+
+    def handle_requeued(self, message: InboxMessage) -> Result:
+        """Run a requeued dead letter's handler in a transaction that marks it handled;
+        failing, it is dead again at once (the operator asked for one more try)."""
+        fn = self.handler_for(message.topic)
+        mine = and_(t.c.consumer == self.consumer, t.c.msg_id == message.msg_id,
+                    t.c.status == REQUEUED)  # fmt: skip
+        taken = {"status": HANDLED, "attempts": t.c.attempts + 1, "created_at": db_now()}
+        try:
+            with self.session_factory() as session, session.begin():
+                took = session.execute(update(t).where(mine).values(**taken))
+                if cast(CursorResult[Any], took).rowcount != 1:
+                    raise Duplicate  # another process took it
+                if fn is None or is_async(fn):
+                    raise OutboxError(f"no sync handler matches topic {message.topic!r}")
+                cast(SyncHandler, fn)(session, message)
+        except Duplicate:
+            return Result(Outcome.DUPLICATE)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"[:ERROR_MAX]
+            with self.engine.begin() as conn:
+                again = {"status": DEAD, "attempts": t.c.attempts + 1, "last_error": error}
+                conn.execute(update(t).where(mine).values(**again))
+            return Result(Outcome.DEAD, error=error)
+        return Result(Outcome.HANDLED)
+
+
+def is_async(fn: Handler) -> bool:
+    return inspect.iscoroutinefunction(fn)
+
+
+def stored(msg_id: uuid.UUID, topic: str, payload: bytes | None, headers: Any) -> InboxMessage:
+    """A dead letter's message as the table keeps it."""
+    carried = {str(k): str(v) for k, v in (headers or {}).items()}
+    return InboxMessage.from_broker(str(msg_id), topic, payload or b"", carried)
+
+
+def check_attempts(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
+        raise ConfigError(f"max_attempts: must be a whole number from 1 to 1000, got {value!r}")
+    return value
+
+
+def check_backoff(value: object) -> tuple[float, ...]:
+    waits = list(value) if isinstance(value, tuple | list) else []
+    if not waits or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 86400 for v in waits
+    ):
+        raise ConfigError(
+            f"backoff_s: must be a non-empty sequence of seconds from 0 to 86400, got {value!r}"
+        )
+    return tuple(float(v) for v in waits)
