@@ -10,9 +10,11 @@ each ordered one whether it was its key's head; the drain's heads' claim asked t
 of every pending ordered row by id. A key blocked behind a dead head, or a few keys with
 many rows each, made every batch read all of their rows (100,000 ordered rows in 10
 keys: 0.56 s a batch, for 500 rows or none). Where the claims scan keys (partial indexes
-and SKIP LOCKED: PostgreSQL), two partial indexes: ix_outbox_message_unordered_age on
-(created_at) over pending unscheduled unordered rows (the sweeper's rows by age, with no
-ordered row in the way), ix_outbox_message_heads on (topic, key, seq) over pending and
+and SKIP LOCKED: PostgreSQL), partial indexes: ix_outbox_message_unordered_age on
+(created_at) over pending unscheduled unordered rows never tried (the sweeper's rows by
+age, with no ordered row and no row backing off in the way: those waiting out a backoff
+were read by every batch too), ix_outbox_message_retry on (next_attempt_at) over the
+tried ones (the due ones a range), ix_outbox_message_heads on (topic, key, seq) over pending and
 dead ordered rows (a loose scan walks the keys; a key's first entry is its head, or the
 dead row that blocks it). On MySQL/MariaDB, whose ix_outbox_message_pending holds every
 row, the sweeper read the retained ledger and the scheduled rows older than its rows
@@ -34,10 +36,12 @@ down_revision = "0009"
 branch_labels = None
 depends_on = None
 
+UNORDERED = "status = 'pending' AND deliver_at IS NULL AND seq IS NULL"
 INDEXES = {
-    "ix_outbox_message_unordered_age": (
-        ["created_at"],
-        "status = 'pending' AND deliver_at IS NULL AND seq IS NULL",
+    "ix_outbox_message_unordered_age": (["created_at"], f"{UNORDERED} AND next_attempt_at IS NULL"),
+    "ix_outbox_message_retry": (
+        ["next_attempt_at"],
+        f"{UNORDERED} AND next_attempt_at IS NOT NULL",
     ),
     "ix_outbox_message_heads": (
         ["topic", "key", "seq"],

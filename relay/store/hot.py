@@ -209,19 +209,35 @@ def claim_due_stmt(
     )
 
 
-def claim_aged_stmt(
-    cutoff: datetime, now: datetime, limit: int, due_only: bool = True
-) -> Select[Any]:
-    """-- claim_aged -- the sweeper's unordered rows older than the cutoff (and, with
-    ``due_only``, not backing off), oldest first, locked; where the claims scan keys
-    (relay.store.heads), beside its ordered heads' claim. One range of
-    ix_outbox_message_unordered_age: the ordered rows, blocked ones too, are not in it."""
-    due = or_(t.c.next_attempt_at.is_(None), t.c.next_attempt_at <= now) if due_only else true()
+def claim_aged_stmt(cutoff: datetime, limit: int) -> Select[Any]:
+    """-- claim_aged -- the sweeper's unordered rows never tried, older than the cutoff,
+    oldest first, locked; where the claims scan keys (relay.store.heads), beside its
+    ordered heads and its retries. One range of ix_outbox_message_unordered_age: no
+    ordered row (a blocked one) and no row backing off is in it."""
     return (
         select(*claimed_columns(limit))
         .where(t.c.status == PENDING, t.c.deliver_at.is_(None), t.c.seq.is_(None))
-        .where(t.c.created_at < cutoff, due)
+        .where(t.c.next_attempt_at.is_(None), t.c.created_at < cutoff)
         .order_by(t.c.created_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+
+
+def claim_retries_stmt(
+    cutoff: datetime, now: datetime, limit: int, due_only: bool = True
+) -> Select[Any]:
+    """-- claim_retries -- the sweeper's unordered rows tried before (a failure's backoff,
+    a requeue) and older than the cutoff, due by ``now`` unless not ``due_only``, the
+    earliest due first, locked. One range of ix_outbox_message_retry: rows still backing
+    off lie past ``now`` and are not read."""
+    retried = [t.c.next_attempt_at.is_not(None), t.c.created_at < cutoff]
+    if due_only:
+        retried.append(t.c.next_attempt_at <= now)
+    return (
+        select(*claimed_columns(limit))
+        .where(t.c.status == PENDING, t.c.deliver_at.is_(None), t.c.seq.is_(None), *retried)
+        .order_by(t.c.next_attempt_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
     )

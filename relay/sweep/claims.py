@@ -47,16 +47,18 @@ class Claimer:
         self, conn: Connection, cutoff: datetime, now: datetime, due_only: bool
     ) -> list[store.Claimed]:
         """A sweep's batch where heads are found key by key: the ordered heads (half the
-        batch at most: unordered rows keep their share under many keys), then unordered
-        rows by age to fill it. Two claims, each on its own index: rows blocked behind
-        a dead head (or a few keys' many rows) are read by neither."""
+        batch at most: unordered rows keep their share under many keys), the unordered
+        rows tried before and due (older), then those never tried, by age, to fill it.
+        Each claim on its own index: rows blocked behind a dead head (or a few keys'
+        many rows) and rows backing off are read by none."""
         limit = self.settings.sweep_batch
-        heads = self._heads(conn, cutoff, now, max(1, limit // 2), due_only, ())
-        room = limit - len(heads)
-        if room <= 0:
-            return heads
-        aged = store.claim(conn, store.claim_aged_stmt(cutoff, now, room, due_only))
-        return sorted(heads + aged, key=lambda row: row.id)
+        rows = self._heads(conn, cutoff, now, max(1, limit // 2), due_only, ())
+        if len(rows) < limit:
+            retries = store.claim_retries_stmt(cutoff, now, limit - len(rows), due_only)
+            rows += store.claim(conn, retries)
+        if len(rows) < limit:
+            rows += store.claim(conn, store.claim_aged_stmt(cutoff, limit - len(rows)))
+        return sorted(rows, key=lambda row: row.id)
 
     def _heads(
         self,

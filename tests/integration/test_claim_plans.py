@@ -2,12 +2,15 @@
 return on a large, freshly analyzed table (issue 40, items 5 and 6).
 
 PostgreSQL, one table built once: 60,000 pending unordered rows older than the sweeper
-age, 60,000 scheduled rows due, and ordered rows in few keys, 4 open ones and 2 blocked
-behind a dead head, 6,000 rows each, the blocked ones oldest. The executed plans
+age, 20,000 older ones tried before (1,000 due again, the others backing off), 60,000
+scheduled rows due, and ordered rows in few keys, 4 open ones and 2 blocked behind a
+dead head, 6,000 rows each, the blocked ones oldest. The executed plans
 (EXPLAIN ANALYZE, rows read at every scan node over its loops; tests.integration.
 test_drain_plan) of each claim read a few times what they return, not the backlog:
 - the sweeper's unordered rows by age (ix_outbox_message_unordered_age: no ordered
-  row in it), where one statement for both (claim_due_stmt) read every blocked row;
+  row in it, no row backing off), where one statement for all (claim_due_stmt) read
+  every blocked row and every row backing off (20,000 of them, older);
+- the sweeper's retries, due ones only (ix_outbox_message_retry);
 - the ordered heads key by key (relay.store.heads), the sweeper's and the drain's, one
   probe per key: the heads of the open keys, nothing of a blocked one;
 - the scheduler's due rows (ix_outbox_message_due).
@@ -35,6 +38,7 @@ from tests.integration.test_drain_plan import executed_plan
 
 pytestmark = pytest.mark.xdist_group("claim_plans")  # the large table built once
 ROWS = 60_000  # unordered pending rows, and as many scheduled ones
+RETRIES, DUE_RETRIES = 20_000, 1_000  # unordered rows tried before, and those due again
 OPEN, BLOCKED, PER_KEY = 4, 2, 6_000  # ordered keys: open ones, blocked ones, rows each
 LIMIT = 500
 AGE = timedelta(seconds=10)
@@ -45,6 +49,14 @@ FILL = [
        SELECT gen_random_uuid(), 'plan', '\\x7b7d'::bytea,
               now() - interval '1 hour' + make_interval(secs => g / 100.0)
        FROM generate_series(1, :rows) AS g""",
+    # unordered rows tried before, older: most backing off for an hour more, a few due
+    """INSERT INTO outbox_message (msg_id, topic, payload, created_at, attempts,
+                                   next_attempt_at)
+       SELECT gen_random_uuid(), 'plan', '\x7b7d'::bytea,
+              now() - interval '90 minutes' + make_interval(secs => g / 100.0), 1,
+              now() + CASE WHEN g <= :due_retries THEN interval '-1 minute'
+                           ELSE interval '1 hour' END
+       FROM generate_series(1, :retries) AS g""",
     # scheduled, due in the last hour
     """INSERT INTO outbox_message (msg_id, topic, payload, created_at, deliver_at)
        SELECT gen_random_uuid(), 'later', '\\x7b7d'::bytea, now() - interval '2 hours',
@@ -93,6 +105,7 @@ def backlog() -> Iterator[Engine]:
     with scratch_schema(PG_URL, "claims") as url, migrated(url) as engine:
         keys = OPEN + BLOCKED
         params = {"rows": ROWS, "keys": keys, "blocked": BLOCKED, "ordered": keys * PER_KEY}
+        params |= {"retries": RETRIES, "due_retries": DUE_RETRIES}
         with engine.begin() as conn:
             for fill in FILL:
                 conn.execute(text(fill), params)
@@ -108,15 +121,27 @@ def clock(conn: Connection) -> tuple[datetime, datetime]:
     return now, now - AGE
 
 
-def test_the_sweepers_rows_by_age_pass_the_blocked_keys(backlog: Engine) -> None:
+def test_the_sweepers_rows_by_age_pass_the_blocked_keys_and_the_backoffs(
+    backlog: Engine,
+) -> None:
     with backlog.connect() as conn:
         now, cutoff = clock(conn)
-        read, returned = executed_plan(conn, store.claim_aged_stmt(cutoff, now, LIMIT))
+        read, returned = executed_plan(conn, store.claim_aged_stmt(cutoff, LIMIT))
         assert returned == LIMIT
         assert read < 2 * LIMIT, f"the sweeper's claim by age read {read} rows for {returned}"
-        # One statement for both reads every blocked row first: the table shows a scan.
+        # One statement for all reads every blocked row and every backoff first: the
+        # table shows a scan.
         read, returned = executed_plan(conn, store.claim_due_stmt(cutoff, now, LIMIT))
-        assert read >= BLOCKED * PER_KEY, f"a claim of blocked rows too read only {read}"
+        assert read >= BLOCKED * PER_KEY + RETRIES - DUE_RETRIES, f"one claim read {read}"
+
+
+def test_the_sweepers_retries_read_the_due_ones_only(backlog: Engine) -> None:
+    with backlog.connect() as conn:
+        now, cutoff = clock(conn)
+        for limit in (LIMIT, 2 * DUE_RETRIES):
+            read, returned = executed_plan(conn, store.claim_retries_stmt(cutoff, now, limit))
+            assert returned == min(limit, DUE_RETRIES)
+            assert read < 2 * returned, f"the retries' claim read {read} rows for {returned}"
 
 
 def test_the_heads_are_found_key_by_key(backlog: Engine) -> None:

@@ -334,7 +334,10 @@ def test_big_payloads_are_loaded_after_the_claim_a_few_at_a_time(
     published = {m.msg_id: m.payload for m in broker.published}
     assert [published[m] for m in large] == big
     assert all(published[m] == b'{"small":1}' for m in small)
-    assert len(selects) == 3, "the claim, then 4 x 1 MiB, then the last 1 MiB"
+    # The claims (one statement, or on PostgreSQL the retries' and the rows by age apart)
+    # bring the payloads' sizes; the loads are the others.
+    loads = [sql for sql in selects if "CASE WHEN" not in sql]
+    assert len(loads) == 2, "after the claim, 4 x 1 MiB, then the last 1 MiB"
 
 
 def test_a_sweeper_waits_for_the_schema_at_head(
