@@ -134,9 +134,10 @@ def build_message(
     body, content_type = encode_payload(payload, json_default)
     if content_type and CONTENT_TYPE not in {name.lower() for name in all_headers}:
         all_headers[CONTENT_TYPE] = content_type
-    msg_id = uuid7() if schedule.dedup_key is None else dedup_id(topic, schedule.dedup_key)
+    key_id = schedule.dedup_key
+    msg_id = uuid7_text() if key_id is None else str(dedup_id(topic, key_id))
     message = Message(
-        str(msg_id),
+        msg_id,
         topic,
         body,
         key,
@@ -305,9 +306,36 @@ def check_cancel_id(msg_id: object) -> str:
     raise InvalidMessage("msg_id", f"must be a UUID string, got {type(msg_id).__name__}")
 
 
+# Topics that passed check_topic under these limits: an app sends to a few topics, and
+# a topic checked once passes again (the rules read nothing else). Forgotten all at once
+# when full, or when a broker registered at run time changes the limits.
+GOOD_TOPICS_LIMIT = 4096
+_good_topics: tuple[object, set[str]] = (None, set())
+
+
 def check_topic(topic: object) -> str:
     """NATS subject rules (the strictest broker), in at most 255 bytes or the brokers'
     ``max_topic_bytes`` (AMQP's routing key)."""
+    limits, good = _good_topics
+    if type(topic) is str and topic in good and limits is strictest_limits():
+        return topic
+    checked = _check_topic(topic)
+    _remember_topic(checked)
+    return checked
+
+
+def _remember_topic(topic: str) -> None:
+    global _good_topics
+    limits, good = _good_topics
+    if type(topic) is not str:  # a subclass may compare or hash as it likes
+        return
+    if limits is not strictest_limits() or len(good) >= GOOD_TOPICS_LIMIT:
+        limits, good = strictest_limits(), set()
+        _good_topics = (limits, good)
+    good.add(topic)
+
+
+def _check_topic(topic: object) -> str:
     if not isinstance(topic, str) or not topic:
         raise InvalidTopic("topic", "must be a non-empty string")
     limit = _at_most(strictest_limits().max_topic_bytes)
@@ -548,11 +576,17 @@ def __getattr__(name: str) -> int | tuple[str, ...] | frozenset[str] | None:
 _uuid_lock = threading.Lock()
 _last_uuid_ms = 0
 _uuid_seq = 0
+# Random bytes for the ids, read from os.urandom a pool at a time (one syscall per 409
+# ids, not one per id); a forked child drops the parent's pool: its ids never repeat them.
+RANDOM_POOL_BYTES = 4090
+_random_pool = b""
+_random_at = 0
 
 
 def _new_uuid_lock() -> None:
-    global _uuid_lock
+    global _uuid_lock, _random_pool, _random_at
     _uuid_lock = threading.Lock()  # another thread may have held it at the fork
+    _random_pool, _random_at = b"", 0
 
 
 os.register_at_fork(after_in_child=_new_uuid_lock)
@@ -563,9 +597,23 @@ def uuid7() -> uuid.UUID:
 
     The counter keeps ids from one process strictly increasing within a millisecond.
     """
-    global _last_uuid_ms, _uuid_seq
-    random = int.from_bytes(os.urandom(10))  # one syscall: 62 random bits, 10 for the counter
+    return uuid.UUID(int=_uuid7_int())
+
+
+def uuid7_text() -> str:
+    """``str(uuid7())``, without making the UUID object: send()'s msg_id."""
+    h = f"{_uuid7_int():032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _uuid7_int() -> int:
+    global _last_uuid_ms, _uuid_seq, _random_pool, _random_at
     with _uuid_lock:
+        at = _random_at
+        if at + 10 > len(_random_pool):
+            _random_pool, at = os.urandom(RANDOM_POOL_BYTES), 0
+        _random_at = at + 10
+        random = int.from_bytes(_random_pool[at : at + 10])  # 62 random bits, 10 for the counter
         now_ms = time.time_ns() // 1_000_000
         if now_ms > _last_uuid_ms:
             _last_uuid_ms, _uuid_seq = now_ms, (random >> 64) & 0x3FF
@@ -575,5 +623,4 @@ def uuid7() -> uuid.UUID:
                 _last_uuid_ms, _uuid_seq = _last_uuid_ms + 1, 0
         ms, seq = _last_uuid_ms, _uuid_seq
     rand_b = random & ((1 << 62) - 1)
-    value = (ms << 80) | (0x7 << 76) | (seq << 64) | (0b10 << 62) | rand_b
-    return uuid.UUID(int=value)
+    return (ms << 80) | (0x7 << 76) | (seq << 64) | (0b10 << 62) | rand_b

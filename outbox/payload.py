@@ -24,6 +24,7 @@ from collections.abc import Callable
 from datetime import date, datetime, time
 from decimal import Decimal
 from functools import partial
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 from outbox.errors import ConfigError, InvalidPayload
@@ -75,6 +76,8 @@ def encode_payload(
             raise InvalidPayload("payload", f"cannot be read as bytes: {exc}") from None
     if isinstance(payload, str):
         return _utf8(payload, payload, json_default), TEXT_CONTENT_TYPE
+    if json_default is None and (text := _fast_json(payload)) is not None:
+        return _utf8(text, payload, json_default), JSON_CONTENT_TYPE
     encoder = _ENCODER if json_default is None else _encoder(json_default)
     try:
         text = encoder.encode(payload)
@@ -169,6 +172,25 @@ def _encoder(json_default: JsonDefault | None) -> json.JSONEncoder:
 
 
 _ENCODER = _encoder(None)  # stateless between calls: one serves every thread
+# _ENCODER's C encoder, made once (JSONEncoder.encode makes one per call) and without
+# the circular-reference markers (a dict per call, else shared by threads): a circular
+# payload ends in RecursionError here instead.
+_C_ENCODER = None
+if c_make_encoder is not None:  # (markers, default, encoder, indent, separators, sort, skip, nan)
+    _C_ENCODER = c_make_encoder(
+        None, _ENCODER.default, encode_basestring, None, ":", ",", False, False, False
+    )
+
+
+def _fast_json(payload: object) -> str | None:
+    """``_ENCODER.encode(payload)``, or None when it fails (or the C encoder is missing):
+    then the full encoder runs again and raises what it always raised for that payload."""
+    if _C_ENCODER is None:
+        return None
+    try:
+        return "".join(_C_ENCODER(payload, 0))
+    except Exception:  # RecursionError (deep or circular), Refused, TypeError, ValueError
+        return None
 
 
 def _refusal(payload: object, json_default: JsonDefault | None, exc: Exception) -> InvalidPayload:

@@ -16,16 +16,20 @@ from typing import Any
 from outbox.message import Message
 
 try:
+    from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
 except ImportError:  # the extra is not installed: tracing is off
-    propagate = trace = None  # type: ignore[assignment]
+    otel_context = propagate = trace = None  # type: ignore[assignment]
 
 TRACEPARENT = "traceparent"
 
 
 def context_headers() -> dict[str, str]:
     """The active span's context as headers, or {} when there is none."""
-    if trace is None or not trace.get_current_span().get_span_context().is_valid:
+    # An empty context (no span, no baggage: most sends) is the cheap test.
+    if trace is None or not otel_context.get_current():
+        return {}
+    if not trace.get_current_span().get_span_context().is_valid:
         return {}
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
