@@ -176,8 +176,10 @@ class Outbox(RelayLifecycle, Transactions):
         """
         if self._start_in_child and time.monotonic() >= self._start_retry_at:
             self._start_after_fork()
-        staged = aio.is_async_session(session) or aio.is_async_scoped(session)
-        checked = self._check_session(session)
+        # A plain Session (most sends) is neither async nor scoped: no asks of aio's types.
+        plain = type(session) is Session
+        staged = not plain and (aio.is_async_session(session) or aio.is_async_scoped(session))
+        checked, bind = self._checked_bind(session)
         message = build_message(
             topic,
             payload,
@@ -199,8 +201,10 @@ class Outbox(RelayLifecycle, Transactions):
             rows.transaction_connection(checked)  # AUTOCOMMIT refused now
             stage(checked, message, self._on_commit)
         else:  # the app's pending rows are flushed first: their errors are the app's
-            [written] = rows.write(rows.flushed_connection(checked), [message])
-            remember(checked, written, self._on_commit)
+            conn = rows.flushed_connection(checked)
+            [written] = rows.write(conn, [message])
+            # The COMMIT's outlook reads this connection (a Connection bind: uncertain).
+            remember(checked, written, self._on_commit, conn if isinstance(bind, Engine) else None)
         if self._recordings:  # the whole cost of recording() when none is open
             self._record(message)
         return message.msg_id
@@ -264,15 +268,12 @@ class Outbox(RelayLifecycle, Transactions):
 
     def _check_session(self, session: AnySession) -> Session:
         """The (underlying sync) Session, once it is known to write to this outbox's database."""
-        if isinstance(session, scoped_session) or aio.is_async_scoped(session):
-            session = session()
-        if aio.is_async_session(session):
-            session = session.sync_session
-        if not isinstance(session, Session):
-            raise ConfigError(
-                "session: must be a sqlalchemy.orm.Session or AsyncSession, "
-                f"got {type(session).__name__}"
-            )
+        return self._checked_bind(session)[0]
+
+    def _checked_bind(self, session: AnySession) -> tuple[Session, Engine | Connection]:
+        """``_check_session``, and what the Session writes the outbox's rows through."""
+        if type(session) is not Session:
+            session = self._sync_session(session)
         try:
             bind = session.get_bind(clause=outbox_message)
         except UnboundExecutionError:
@@ -283,11 +284,24 @@ class Outbox(RelayLifecycle, Transactions):
         if engine is self.engine or (
             self._async_engine is not None and engine is self._async_engine.sync_engine
         ):
-            return session
+            return session, bind
         if differs := mismatch(engine, self.engine):  # worked out once per engine
             raise WrongDatabase(
                 f"session: bound to {url_of(engine)}, but this outbox writes to "
                 f"{url_of(self.engine)}: another table ({differs})"
+            )
+        return session, bind
+
+    def _sync_session(self, session: AnySession) -> Session:
+        """The Session of a scoped session or an AsyncSession; ConfigError for anything else."""
+        if isinstance(session, scoped_session) or aio.is_async_scoped(session):
+            session = session()
+        if aio.is_async_session(session):
+            session = session.sync_session
+        if not isinstance(session, Session):
+            raise ConfigError(
+                "session: must be a sqlalchemy.orm.Session or AsyncSession, "
+                f"got {type(session).__name__}"
             )
         return session
 

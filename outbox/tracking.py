@@ -20,7 +20,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Connection, Engine, event
 from sqlalchemy.orm import Session, SessionTransaction
 
 from outbox import rows
@@ -36,6 +36,8 @@ PENDING_KEY = "outbox.pending"
 OUTLOOK_KEY = "outbox.outlook"
 STAGED_KEY = "outbox.staged"
 CANCELED_KEY = "outbox.canceled"  # staged scheduled messages canceled: (transaction, msg_id)
+CONNECTION_KEY = "outbox.connection"  # the transaction's connection, when send() knew it
+KEYS = (PENDING_KEY, OUTLOOK_KEY, STAGED_KEY, CANCELED_KEY, CONNECTION_KEY)
 CERTAIN, UNCERTAIN, DOOMED = "certain", "uncertain", "doomed"
 PG_TRANSACTION_INERROR = 3  # libpq PQTRANS_INERROR: the COMMIT will be a ROLLBACK
 
@@ -51,15 +53,23 @@ def _new_register_lock() -> None:
 os.register_at_fork(after_in_child=_new_register_lock)
 
 
-def remember(session: Session, message: Message, on_commit: OnCommit) -> None:
-    """Keep ``message`` until the transaction it was written in commits or rolls back."""
+def remember(
+    session: Session, message: Message, on_commit: OnCommit, conn: Connection | None = None
+) -> None:
+    """Keep ``message`` until the transaction it was written in commits or rolls back.
+
+    ``conn``: the connection it was written on, the session bound to an Engine; the
+    COMMIT's outlook reads it then, without asking the session again."""
     if not _registered:
         _register_listeners()
     current = session.get_nested_transaction() or session.get_transaction()
     assert current is not None, "send() runs inside a transaction"
+    info = session.info
     pending: list[tuple[SessionTransaction, Message, OnCommit]]
-    pending = session.info.setdefault(PENDING_KEY, [])
+    pending = info.setdefault(PENDING_KEY, [])
     pending.append((current, message, on_commit))
+    if conn is not None and CONNECTION_KEY not in info:
+        info[CONNECTION_KEY] = conn
 
 
 def stage(session: Session, message: Message, on_commit: OnCommit) -> None:
@@ -101,6 +111,8 @@ def _drop_canceled(session: Session) -> None:
 
 
 def _before_commit(session: Session) -> None:
+    if not _holds_any(session.info):
+        return  # a session that sent nothing in this transaction (most of an app's)
     if session.get_nested_transaction() is not None:
         return  # a savepoint is released: its messages are written with the outer COMMIT
     _drop_canceled(session)
@@ -129,9 +141,11 @@ def commit_outlook(session: Session) -> str:
     after_commit. A session bound to a Connection may only have joined an outer
     transaction that can still roll back: that is "uncertain", checked by the relay.
     """
-    if not isinstance(session.get_bind(clause=outbox_message), Engine):
-        return UNCERTAIN
-    conn = session.connection(bind_arguments={"clause": outbox_message})
+    conn = session.info.get(CONNECTION_KEY)  # send() wrote on it, bound to an Engine
+    if conn is None:
+        if not isinstance(session.get_bind(clause=outbox_message), Engine):
+            return UNCERTAIN
+        conn = session.connection(bind_arguments={"clause": outbox_message})
     driver = conn.connection.driver_connection
     info = getattr(driver, "info", None)  # psycopg 3
     status = getattr(info, "transaction_status", None)
@@ -141,6 +155,8 @@ def commit_outlook(session: Session) -> str:
 
 
 def _after_commit(session: Session) -> None:
+    if not _holds_any(session.info):
+        return
     if session.get_nested_transaction() is not None:
         return  # a savepoint was released; the outer transaction may still roll back
     pending = session.info.pop(PENDING_KEY, None)
@@ -152,17 +168,31 @@ def _after_commit(session: Session) -> None:
             "COMMIT of an aborted transaction rolled back: %d message(s) dropped", len(pending)
         )
         return
+    if len(pending) == 1:  # one message, one target: no grouping
+        _hand_off(pending[0][2], [pending[0][1]], outlook == CERTAIN)
+        return
     by_target: dict[OnCommit, list[Message]] = {}
     for _, message, on_commit in pending:
         by_target.setdefault(on_commit, []).append(message)
     for on_commit, messages in by_target.items():
-        try:
-            on_commit(messages, outlook == CERTAIN)
-        except Exception:  # the rows are committed; the sweeper will publish them
-            log.exception("hand-off of %d committed message(s) failed", len(messages))
+        _hand_off(on_commit, messages, outlook == CERTAIN)
+
+
+def _hand_off(on_commit: OnCommit, messages: list[Message], certain: bool) -> None:
+    try:
+        on_commit(messages, certain)
+    except Exception:  # the rows are committed; the sweeper will publish them
+        log.exception("hand-off of %d committed message(s) failed", len(messages))
+
+
+def _holds_any(info: dict[object, object]) -> bool:
+    """Whether the session holds anything of the outbox's (sent, staged or canceled)."""
+    return bool(info) and any(key in info for key in KEYS)
 
 
 def _after_soft_rollback(session: Session, rolled_back: SessionTransaction) -> None:
+    if not _holds_any(session.info):
+        return
     for key in (PENDING_KEY, STAGED_KEY, CANCELED_KEY):
         entries = session.info.get(key)
         if entries:
@@ -170,11 +200,9 @@ def _after_soft_rollback(session: Session, rolled_back: SessionTransaction) -> N
 
 
 def _after_transaction_end(session: Session, ended: SessionTransaction) -> None:
-    if ended.parent is None:
-        session.info.pop(PENDING_KEY, None)  # closed without commit: nothing survives it
-        session.info.pop(OUTLOOK_KEY, None)
-        session.info.pop(STAGED_KEY, None)
-        session.info.pop(CANCELED_KEY, None)
+    if ended.parent is None and _holds_any(session.info):
+        for key in KEYS:  # closed without commit: nothing survives it
+            session.info.pop(key, None)
 
 
 def _within(trans: SessionTransaction | None, ancestor: SessionTransaction) -> bool:
