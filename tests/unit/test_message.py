@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import uuid
 from dataclasses import replace
@@ -30,6 +31,7 @@ from outbox.message import (
     encoded_size,
     recheck,
     uuid7,
+    uuid7_text,
 )
 
 
@@ -252,6 +254,27 @@ def test_uuid7_unique_across_threads() -> None:
     for t in threads:
         t.join()
     assert len(set(seen)) == 16_000
+
+
+def test_uuid7_text_is_the_canonical_text_of_a_uuid7() -> None:
+    ids = [uuid7_text() for _ in range(5_000)]
+    assert all(str(uuid.UUID(t)) == t and uuid.UUID(t).version == 7 for t in ids)
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+
+
+def test_a_forked_child_never_reuses_the_parents_random_bits() -> None:
+    uuid7()  # the parent's pool of random bytes is filled, most of it unused
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id, then out without pytest's teardown
+        os.write(write, uuid7_text().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    # From the parent's pool, the child's next id would end in the parent's next bits.
+    assert child[-12:] != uuid7_text()[-12:]
 
 
 def stored(**fields: object) -> Message:
