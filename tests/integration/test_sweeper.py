@@ -145,7 +145,7 @@ def test_poison_message_goes_dead_while_healthy_ones_flow(
         row = conn.execute(select(t).where(t.c.msg_id == uuid.UUID(poison))).one()
     assert row.attempts == 3 and "MaxPayload" in row.last_error
     stored = asyncio.run(read_stream(nats_server.url, name))
-    assert sorted(m.msg_id for m in stored) == sorted(healthy)
+    assert sorted(str(m.msg_id) for m in stored) == sorted(healthy)
     requeue = [OUTBOX, "requeue", "--db", engine.url.render_as_string(False), "--dead"]
     done = subprocess.run(requeue, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0 and "requeued 1" in done.stdout, done.stderr
