@@ -187,7 +187,7 @@ def _hand_off(on_commit: OnCommit, messages: list[Message], certain: bool) -> No
 
 def _holds_any(info: dict[object, object]) -> bool:
     """Whether the session holds anything of the outbox's (sent, staged or canceled)."""
-    return bool(info) and any(key in info for key in KEYS)
+    return bool(info) and not info.keys().isdisjoint(KEYS)
 
 
 def _after_soft_rollback(session: Session, rolled_back: SessionTransaction) -> None:
