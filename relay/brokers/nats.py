@@ -359,6 +359,11 @@ def too_large(nc: Client, payload: bytes, headers: dict[str, str], headroom: int
     fails: so an oversize message is refused before it is sent, alone. ``headroom``:
     bytes to leave free under the limit (for headers added to later copies of it).
     """
+    # A character is at most 4 bytes in UTF-8: most messages are clear of the limit
+    # without encoding their headers.
+    most = HEADER_BLOCK_FRAME + sum(4 * (len(k) + len(v) + 1) for k, v in headers.items())
+    if len(payload) + most + headroom <= nc.max_payload:
+        return None
     size = len(payload) + header_size(headers)
     if size + headroom <= nc.max_payload:
         return None

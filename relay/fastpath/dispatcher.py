@@ -209,7 +209,8 @@ class Dispatcher(Lifecycle):
         batch = taken  # what this task still holds: all of it until the check is done
         report = BatchReport()
         try:
-            batch = await self._committed_only(taken, report)
+            if self._checking_any(taken):  # else nothing to ask the table: no await for it
+                batch = await self._committed_only(taken, report)
             messages = [d.message for d in batch]
             with publish_span(messages):
                 # One message's exception is that message's: it never fails its batch.
@@ -229,6 +230,11 @@ class Dispatcher(Lifecycle):
         report.tell(self.listeners, "fast")
         if not self._stopping:
             self._dispatch()
+
+    @staticmethod
+    def _checking_any(batch: list[Delivery]) -> bool:
+        """Whether a delivery of ``batch`` must be looked at in the table first."""
+        return any(d.look for d in batch)
 
     def _stopped(self, deliveries: Sequence[Delivery], report: BatchReport | None = None) -> None:
         """Leave ``deliveries`` (and what ``report`` let go) to the sweeper at stop."""
