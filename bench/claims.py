@@ -9,8 +9,10 @@ Then ``--batches`` batches of each claim, as the relay runs them (relay.sweep.cl
 Claimer, relay.sweep.scheduler Reading), each claimed, marked sent and committed, so the
 claims move through the backlog; figures: the median and the least claim time (ms) at
 the smallest and the largest size, and their ratios (the least is the steadier figure
-on a loaded machine). A claim that reads the backlog grows with N; target: the largest
-size within 1/0.8 = 1.25x of the smallest. ``one statement`` is the sweeper's claim of
+on a loaded machine), and the shared buffers one more batch's locking statements touch
+(EXPLAIN (ANALYZE, BUFFERS)): what a batch reads, whatever the machine's load. A claim
+that reads the backlog grows with N; target: the largest size within 1/0.8 = 1.25x of
+the smallest. ``one statement`` is the sweeper's claim of
 before revision 0010 (claim_due_stmt: every row by age, ordered ones asked whether each
 is its key's head), on the same table: it reads every blocked row each batch.
 """
@@ -23,8 +25,9 @@ import statistics
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, text, update
+from sqlalchemy import Connection, Engine, create_engine, event, text, update
 from sqlalchemy.pool import NullPool
 
 from bench.fast_path import bench_schema
@@ -100,13 +103,41 @@ def batch_ms(engine: Engine, claim: Claim, batches: int) -> tuple[float, float]:
     return statistics.median(times), min(times)
 
 
-def measured(rows: int, batches: int) -> dict[str, tuple[float, float]]:
+def pages_read(engine: Engine, claim: Claim) -> int:
+    """Buffers (found in shared buffers or read) that a batch's locking statements touch,
+    from their executed plans: each runs once under EXPLAIN (ANALYZE, BUFFERS) before it
+    runs, in a transaction rolled back. Unlike a time, the machine's load leaves it be."""
+    pages = 0
+
+    def explain(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        nonlocal pages
+        if "FOR UPDATE" in statement:
+            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}", parameters)
+            top = cursor.fetchone()[0][0]["Plan"]
+            pages += top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0)
+
+    with engine.connect() as conn:
+        event.listen(conn, "before_cursor_execute", explain)
+        try:
+            with conn.begin() as transaction:
+                claim(conn)
+                transaction.rollback()
+        finally:
+            event.remove(conn, "before_cursor_execute", explain)
+    return pages
+
+
+def measured(rows: int, batches: int) -> dict[str, tuple[float, float, int]]:
+    """Per claim: the median and least ms of ``batches`` batches, then a batch's pages."""
     with bench_schema() as db:
         migrate.upgrade(db)
         engine = create_engine(db, poolclass=NullPool)
         try:
             seed(engine, rows)
-            return {name: batch_ms(engine, claim, batches) for name, claim in claims().items()}
+            return {
+                name: (*batch_ms(engine, claim, batches), pages_read(engine, claim))
+                for name, claim in claims().items()
+            }
         finally:
             engine.dispose()
 
@@ -124,33 +155,19 @@ def main() -> None:
         parser.error(f"--batches: at most {most} for {sizes[0]:,} rows")
     results = [measured(rows, args.batches) for rows in sizes]
     small, large = f"{sizes[0]:,}", f"{sizes[-1]:,}"
-    table: list[tuple[str, ...]] = [
-        (
-            "claim",
-            f"{small} median",
-            f"{large} median",
-            "x",
-            f"{small} least",
-            f"{large} least",
-            "x",
-        )
-    ]
+    columns = [f"{size} {what}" for what in ("median", "least", "pages") for size in (small, large)]
+    table: list[tuple[str, ...]] = [("claim", *columns, "x: median / least / pages")]
     for name in results[0]:
-        (median_a, least_a), (median_b, least_b) = results[0][name], results[-1][name]
-        table.append(
-            (
-                name,
-                f"{median_a:.2f}",
-                f"{median_b:.2f}",
-                f"{median_b / median_a:.2f}",
-                f"{least_a:.2f}",
-                f"{least_b:.2f}",
-                f"{least_b / least_a:.2f}",
-            )
-        )
+        first, last = results[0][name], results[-1][name]
+        cells = [name]
+        for i, form in ((0, "{:.2f}"), (1, "{:.2f}"), (2, "{:,}")):
+            cells += [form.format(first[i]), form.format(last[i])]
+        cells += [" / ".join(f"{last[i] / first[i]:.2f}" if first[i] else "-" for i in range(3))]
+        table.append(tuple(cells))
     print_rows(
         f"claims: ms per batch of {LIMIT} ({args.batches} batches each, claimed, marked sent "
-        f"and committed), PostgreSQL, {os.cpu_count()} CPUs; target: x <= 1.25 (0.8x the rate)",
+        f"and committed) and the pages one batch touches, PostgreSQL, {os.cpu_count()} CPUs; "
+        "target: x <= 1.25 (0.8x the rate)",
         table,
     )
 

@@ -204,17 +204,22 @@ def claim_indexes() -> list[Index]:
     scan keys (scans_keys): pending unordered rows never tried by created_at (no blocked
     ordered row, no row backing off in the way), the tried ones by next_attempt_at (the
     due ones a range), and pending or dead ordered rows by (topic, key, seq), a key's
-    first entry its head or the dead row that blocks it. On MySQL/MariaDB the
-    sweeper's rows by age behind leading columns that pick them (ix_outbox_message_pending
-    is over every row there: the retained ledger and the scheduled rows came first)."""
+    first entry its head or the dead row that blocks it; the scheduler's rows by
+    deliver_at alone (with statistics that predate their sends, PostgreSQL took
+    ix_outbox_message_scheduled, sent rows and all, over ix_outbox_message_due). On
+    MySQL/MariaDB the sweeper's rows by age behind leading columns that pick them
+    (ix_outbox_message_pending is over every row there: the retained ledger and the
+    scheduled rows came first)."""
     names: Any = tuple(n for d in DIALECTS if scans_keys(d) for n in d.names)  # see above
     unordered = f"status = '{PENDING}' AND deliver_at IS NULL AND seq IS NULL"
     aged = f"{unordered} AND next_attempt_at IS NULL"
     retried = f"{unordered} AND next_attempt_at IS NOT NULL"
     unsettled = f"status IN ('{PENDING}', '{DEAD}') AND seq IS NOT NULL"
+    due = f"status = '{PENDING}' AND deliver_at IS NOT NULL"
     indexes = [
         Index("ix_outbox_message_unordered_age", "created_at", **partial_index_kw(aged)),
         Index("ix_outbox_message_retry", "next_attempt_at", **partial_index_kw(retried)),
+        Index("ix_outbox_message_due_at", "deliver_at", **partial_index_kw(due)),
         Index("ix_outbox_message_heads", "topic", "key", "seq", **partial_index_kw(unsettled)),
     ]
     aged_whole = Index("ix_outbox_message_pending_age", "status", "deliver_at", "created_at")
