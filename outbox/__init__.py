@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from outbox.api import Outbox
 from outbox.errors import OutboxError
+from outbox.inbox import Inbox, InboxMessage
 from outbox.table import outbox_message
 
-__all__ = ["Outbox", "OutboxError", "outbox_message"]
+__all__ = ["Inbox", "InboxMessage", "Outbox", "OutboxError", "outbox_message"]
 __version__ = "0.1.0"

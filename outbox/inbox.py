@@ -25,14 +25,11 @@ lets only one of two concurrent copies run its handler to the commit.
 
 from __future__ import annotations
 
-import enum
 import inspect
-import json
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import CursorResult, Engine, and_, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -40,81 +37,28 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import aio
 from outbox.binding import Binding
+from outbox.consumer import (
+    AsyncHandler,
+    Handler,
+    InboxMessage,
+    Outcome,
+    Result,
+    SyncHandler,
+)
 from outbox.errors import ConfigError, OutboxError
-from outbox.message import KEY_HEADER, SEQ_HEADER, TAGS_HEADER
 from outbox.names import check_name
 from outbox.settings import Settings
 from outbox.table import DEAD, HANDLED, REQUEUED, db_now, inbox_message
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+__all__ = ["Inbox", "InboxMessage", "Outcome", "Result"]
 
 t = inbox_message
 MAX_ATTEMPTS = 5
 BACKOFF_S = (1.0, 5.0, 30.0, 120.0, 600.0)  # before the 2nd, 3rd ... attempt; the last repeats
 ERROR_MAX = 2000  # characters of a dead letter's error kept
-OWN_HEADERS = (KEY_HEADER, TAGS_HEADER, SEQ_HEADER)  # the outbox's, not the app's
-
-
-@dataclass(frozen=True)
-class InboxMessage:
-    """One message as a handler gets it: the outbox's msg_id, its topic, ordering key and
-    place in that key (``seq``, the ``Outbox-Seq`` header), the app's headers and the
-    payload's bytes (``json()`` decodes them)."""
-
-    msg_id: uuid.UUID
-    topic: str
-    payload: bytes
-    headers: Mapping[str, str] = field(default_factory=dict)
-    key: str | None = None
-    seq: int | None = None
-    tags: str | None = None
-
-    def json(self) -> Any:
-        return json.loads(self.payload)
-
-    @classmethod
-    def from_broker(
-        cls, msg_id: str, topic: str, payload: bytes, headers: Mapping[str, str]
-    ) -> InboxMessage:
-        """The message from what a broker delivered: the outbox's own headers (key, tags,
-        seq) taken out of the app's; an OutboxError when it is not one the outbox sent."""
-        try:
-            parsed = uuid.UUID(msg_id)
-        except (TypeError, ValueError) as exc:
-            raise OutboxError(f"not a message of the outbox: msg_id {msg_id!r}") from exc
-        seq = headers.get(SEQ_HEADER)
-        if seq is not None and not seq.isdigit():
-            raise OutboxError(f"not a message of the outbox: {SEQ_HEADER} {seq!r}")
-        own = {k: v for k, v in headers.items() if k not in OWN_HEADERS}
-        return cls(parsed, topic, payload, own, headers.get(KEY_HEADER),
-                   None if seq is None else int(seq), headers.get(TAGS_HEADER))  # fmt: skip
-
-    def header_map(self) -> dict[str, str]:
-        """The headers as the broker carried them (the outbox's own included)."""
-        own = {KEY_HEADER: self.key, TAGS_HEADER: self.tags,
-               SEQ_HEADER: None if self.seq is None else str(self.seq)}  # fmt: skip
-        return {**self.headers, **{k: v for k, v in own.items() if v is not None}}
-
-
-SyncHandler: TypeAlias = Callable[[Session, InboxMessage], object]
-AsyncHandler: TypeAlias = Callable[["AsyncSession", InboxMessage], Awaitable[object]]
-Handler: TypeAlias = SyncHandler | AsyncHandler
-
-
-class Outcome(enum.StrEnum):
-    """What became of one delivery: what the runner tells the broker follows from it."""
-
-    HANDLED = "handled"  # the handler committed: ack
-    DUPLICATE = "duplicate"  # recorded before: ack, the handler did not run
-    RETRY = "retry"  # the handler failed: not acked, tried again after ``delay_s``
-    DEAD = "dead"  # failed past max_attempts (or no handler): recorded as dead, ack
-
-
-class Result(NamedTuple):
-    outcome: Outcome
-    delay_s: float = 0.0  # RETRY: wait this long before the next attempt
-    error: str | None = None
 
 
 class Duplicate(Exception):
@@ -191,6 +135,10 @@ class Inbox(Binding):
             return fn
 
         return register
+
+    @property
+    def has_handlers(self) -> bool:
+        return bool(self.handlers)
 
     @property
     def patterns(self) -> list[str]:
@@ -279,6 +227,22 @@ class Inbox(Binding):
         except IntegrityError:
             return Result(Outcome.DUPLICATE)
         return Result(Outcome.DEAD, error=error)
+
+    # Running it
+
+    def run(self, broker: str) -> dict[str, int]:
+        """Consume from ``broker`` (a nats:// URL) until SIGINT or SIGTERM, in this thread
+        (the main one): what ``outbox consume --app`` runs. The counts by outcome."""
+        from relay.consume.runner import run_until_signalled  # the runtime: the relay's
+
+        return dict(run_until_signalled(self, broker))
+
+    async def run_async(self, broker: str, stopping: Any = None) -> dict[str, int]:
+        """Consume from ``broker`` on the running loop until ``stopping`` (an
+        ``asyncio.Event``) is set; the counts by outcome."""
+        from relay.consume.runner import run
+
+        return dict(await run(self, broker, stopping))
 
     # Dead letters given back
 

@@ -5,6 +5,7 @@
 - relay.cli.retention: purge;
 - relay.cli.messages: dead, show, skip;
 - relay.cli.data: export, reconcile;
+- relay.cli.consume: consume (an app's inbox);
 - relay.cli.dashboard: dashboard;
 - and the groups plugins register (relay.plugins(): model B's coordinator and compare,
   listed before dashboard).
@@ -34,7 +35,7 @@ from outbox.errors import ConfigError, OutboxError
 from outbox.secrets import mask_url, scrub
 from outbox.settings import Settings
 from relay import CommandGroup, plugins
-from relay.cli import dashboard, data, messages, retention, run, schema
+from relay.cli import consume, dashboard, data, messages, retention, run, schema
 from relay.cli.app import use_app
 from relay.cli.common import (
     EXIT_FAILED,
@@ -49,7 +50,7 @@ from relay.cli.common import (
 from relay.cli.settings_flags import settings_from_args
 from relay.display import one_line
 
-GROUPS: tuple[CommandGroup, ...] = (schema, messages, run, retention, data)
+GROUPS: tuple[CommandGroup, ...] = (schema, messages, run, retention, data, consume)
 GROUPS += (*plugins().command_groups, dashboard)  # model B's before dashboard, as ever
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     name: handler for group in GROUPS for name, handler in group.COMMANDS.items()
