@@ -24,6 +24,7 @@ Every round measures all of it; the table shows the median of ``--repeat`` round
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import nats
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session
 
@@ -42,8 +44,8 @@ from bench.fast_path import (
     business,
     paced,
     pct,
-    raw_publish_latencies,
     receipts,
+    thread_cpu,
     throughput,
     verdict,
 )
@@ -153,18 +155,62 @@ def one_round(engine: Engine, idle: Outbox, running: Outbox, threads: int,
     return phases
 
 
+@dataclass
+class Latency:
+    """One round at 200 msg/s: commit->ack against a raw publish, and CPU per message."""
+
+    p99_ms: float
+    raw_p99_ms: float
+    raw_cpu_us: float  # the raw publisher's loop thread, per message
+    relay_cpu_us: dict[str, float]  # the relay's threads, by name, per message
+
+
+def raw_publish(url: str, rate: float, seconds: float) -> tuple[list[float], float]:
+    """JetStream publishes (nats-py's js.publish) of send()'s payload and headers paced at
+    ``rate``: each one's latency from call to ack, and the CPU per message of the thread."""
+
+    async def main() -> tuple[list[float], float]:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        await js.add_stream(name="RAW", subjects=["raw.>"])
+        body = json.dumps(payload(1), separators=(",", ":")).encode()
+        latencies: list[float] = []
+
+        async def one() -> None:
+            started = time.perf_counter()
+            await js.publish("raw.x", body, headers={**HEADERS, "Nats-Msg-Id": str(uuid.uuid4())})
+            latencies.append(time.perf_counter() - started)
+
+        count = int(rate * seconds)
+        cpu, tasks, due = time.thread_time(), [], time.monotonic()
+        for _ in range(count):
+            due += 1 / rate
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            tasks.append(asyncio.create_task(one()))
+        await asyncio.gather(*tasks)
+        cpu = time.thread_time() - cpu
+        await nc.close()
+        return latencies, cpu / max(1, count) * 1e6
+
+    return asyncio.run(main())
+
+
 def latency_round(engine: Engine, broker: str, nats_url: str, rate: float,
-                  seconds: float) -> tuple[float, float]:  # fmt: skip
-    """(commit->ack p99, raw publish p99) in ms at ``rate``, one app thread."""
-    raw = raw_publish_latencies(nats_url, rate, seconds)
+                  seconds: float) -> Latency:  # fmt: skip
+    """The raw publish, then send() with the relay running, both paced at ``rate``."""
+    raw, raw_cpu = raw_publish(nats_url, rate, seconds)
     ob = Outbox(engine, broker=broker, sweeper=False)
     ob.start()
-    paced(1, rate, seconds, with_send(ob))
+    with_send(ob)(0)
+    before = relay_cpu()
+    sent = paced(1, rate, seconds, with_send(ob)) * seconds
     drained(ob)
+    used = {name: (cpu - before.get(name, 0.0)) / max(1, sent) * 1e6
+            for name, cpu in relay_cpu().items()}  # fmt: skip
     stats = ob.stats
     assert stats is not None
     ob.stop()
-    return pct(list(stats.latencies), 99), pct(raw, 99)
+    return Latency(pct(list(stats.latencies), 99), pct(raw, 99), raw_cpu, used)
 
 
 def setup(db: str) -> Engine:
@@ -176,7 +222,7 @@ def setup(db: str) -> Engine:
 
 def measure(args: argparse.Namespace) -> None:
     rounds: dict[int, list[list[Phase]]] = {1: [], 4: []}
-    latencies: list[tuple[float, float]] = []
+    latencies: list[Latency] = []
     load: list[float] = []
     with NatsServer() as server, bench_schema() as db:
         engine = setup(db)
@@ -203,7 +249,7 @@ def med(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def print_table(rounds: dict[int, list[list[Phase]]], latencies: list[tuple[float, float]],
+def print_table(rounds: dict[int, list[list[Phase]]], latencies: list[Latency],
                 load: list[float], args: argparse.Namespace) -> None:  # fmt: skip
     head = ("the transaction", "threads", "app CPU us/tx", "process CPU us/tx", "tx/s",
             "tx/s ratio", "CPU ratio")  # fmt: skip
@@ -218,9 +264,9 @@ def print_table(rounds: dict[int, list[list[Phase]]], latencies: list[tuple[floa
             tx_s = med([r[i].tx_s for r in runs])
             rows.append((name, str(threads), f"{app:.0f}", f"{process:.0f}", f"{tx_s:.0f}",
                          f"{tx:.2f}x", f"{cpu:.2f}x"))  # fmt: skip
-    p99 = med([a for a, _ in latencies])
-    raw = med([b for _, b in latencies])
-    lat = med([a / b for a, b in latencies])
+    p99 = med([r.p99_ms for r in latencies])
+    raw = med([r.raw_p99_ms for r in latencies])
+    lat = med([r.p99_ms / r.raw_p99_ms for r in latencies])
     title = (
         f"app cost: median of {args.repeat} round(s), {args.seconds:.0f} s per variant, "
         f"{os.cpu_count()} CPUs shared with PostgreSQL and NATS, load "
@@ -239,6 +285,17 @@ def print_table(rounds: dict[int, list[list[Phase]]], latencies: list[tuple[floa
         ("@200/s commit->ack p99 vs raw", f"{lat:.2f}x", verdict(lat <= 2.0, "<= 2x")),
     ]  # fmt: skip
     print_rows("targets (issue 41)", targets)
+    rounds_p99 = ", ".join(f"{r.p99_ms:.2f}/{r.raw_p99_ms:.2f}" for r in latencies)
+    cpu_rows = [("@200/s p99 ms per round (commit->ack/raw)", rounds_p99),
+                ("@200/s raw js.publish: its thread's CPU us/msg",
+                 f"{med([r.raw_cpu_us for r in latencies]):.0f}")]  # fmt: skip
+    names = sorted({name for r in latencies for name in r.relay_cpu_us})
+    for name in names:
+        used = med([r.relay_cpu_us.get(name, 0.0) for r in latencies])
+        cpu_rows.append((f"@200/s relay thread {name}: CPU us/msg", f"{used:.0f}"))
+    total = med([sum(r.relay_cpu_us.values()) for r in latencies])
+    cpu_rows.append(("@200/s relay threads in all: CPU us/msg", f"{total:.0f}"))
+    print_rows("CPU per message at 200 msg/s (medians)", cpu_rows)
 
 
 def profile(args: argparse.Namespace) -> None:
@@ -248,16 +305,31 @@ def profile(args: argparse.Namespace) -> None:
         ob = Outbox(engine, broker=f"{server.url}?stream=BENCH&subjects=bench.>", sweeper=False)
         ob.start()
         with_send(ob)(0)
-        started = time.process_time()
+        started, threads_before = time.process_time(), relay_cpu()
         if args.rate:
             reached = paced(args.threads, args.rate, args.seconds, with_send(ob))
         else:
             reached = throughput(with_send(ob), args.threads, args.seconds)[0]
         drained(ob)
-        cpu = (time.process_time() - started) / max(1, reached * args.seconds) * 1e6
-        print(f"reached {reached:.0f} tx/s, process CPU {cpu:.0f} us/tx")
+        process = time.process_time() - started
+        used = {name: cpu - threads_before.get(name, 0.0)
+                for name, cpu in relay_cpu().items()}  # fmt: skip
+        used["app threads (the rest)"] = process - sum(used.values())
+        tx = max(1, reached * args.seconds)
+        print(f"reached {reached:.0f} tx/s, process CPU {process / tx * 1e6:.0f} us/tx, of it:")
+        for name, cpu in sorted(used.items()):
+            print(f"  {name:24} {cpu / tx * 1e6:7.1f} us/tx")
         ob.stop()
         engine.dispose()
+
+
+def relay_cpu() -> dict[str, float]:
+    """CPU seconds used so far by the relay's live threads, by name."""
+    used: dict[str, float] = {}
+    for thread in threading.enumerate():
+        if thread.name.startswith("outbox-"):
+            used[thread.name] = used.get(thread.name, 0.0) + thread_cpu(thread)
+    return used
 
 
 def main() -> None:
