@@ -29,9 +29,10 @@ import inspect
 import re
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import CursorResult, Engine, and_, insert, select, update
+from sqlalchemy import CursorResult, Engine, and_, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -57,6 +58,8 @@ __all__ = ["Inbox", "InboxMessage", "Outcome", "Result"]
 
 t = inbox_message
 MAX_ATTEMPTS = 5
+KEEP_DAYS = 7.0  # how long a handled msg_id is remembered: longer than any copy can come
+PURGE_BATCH = 1000
 BACKOFF_S = (1.0, 5.0, 30.0, 120.0, 600.0)  # before the 2nd, 3rd ... attempt; the last repeats
 ERROR_MAX = 2000  # characters of a dead letter's error kept
 
@@ -99,8 +102,10 @@ class Inbox(Binding):
         session_factory: Any = None,
         max_attempts: int = MAX_ATTEMPTS,
         backoff_s: tuple[float, ...] = BACKOFF_S,
+        keep_days: float = KEEP_DAYS,
     ) -> None:
         self.consumer = check_name("consumer", consumer)
+        self.keep_days = check_keep_days(keep_days)
         self.max_attempts = check_attempts(max_attempts)
         self.backoff_s = check_backoff(backoff_s)
         self.handlers: list[tuple[re.Pattern[str], str, Handler]] = []
@@ -244,6 +249,26 @@ class Inbox(Binding):
 
         return dict(await run(self, broker, stopping))
 
+    # The dedup window
+
+    def purge(self, batch: int = PURGE_BATCH) -> int:
+        """Forget the msg_ids handled more than ``keep_days`` ago (dead letters stay), in
+        batches; the rows removed. A copy of such a message would run its handler again:
+        keep_days must outlast every way a copy comes (the broker's redelivery, the
+        outbox's retention, within which an operator can requeue a sent message)."""
+        with self.engine.connect() as conn:  # the database's clock, as every age here
+            older = conn.execute(select(db_now())).scalar_one() - timedelta(days=self.keep_days)
+        old = and_(t.c.consumer == self.consumer, t.c.status == HANDLED, t.c.created_at < older)
+        removed = 0
+        while True:
+            with self.engine.begin() as conn:
+                ids = list(conn.execute(select(t.c.msg_id).where(old).limit(batch)).scalars())
+                if ids:
+                    conn.execute(delete(t).where(old, t.c.msg_id.in_(ids)))
+            removed += len(ids)
+            if len(ids) < batch:
+                return removed
+
     # Dead letters given back
 
     def requeued(self, limit: int = 100) -> list[InboxMessage]:
@@ -298,6 +323,14 @@ def check_attempts(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
         raise ConfigError(f"max_attempts: must be a whole number from 1 to 1000, got {value!r}")
     return value
+
+
+def check_keep_days(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3650:
+        raise ConfigError(
+            f"keep_days: must be a number of days above 0, at most 3650, got {value!r}"
+        )
+    return float(value)
 
 
 def check_backoff(value: object) -> tuple[float, ...]:

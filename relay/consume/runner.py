@@ -28,6 +28,7 @@ log = logging.getLogger("relay.consume")
 BATCH = 16
 FETCH_WAIT_S = 1.0
 REQUEUED_EVERY_S = 5.0
+PURGE_EVERY_S = 300.0  # the inbox forgets msg_ids past its keep_days this often
 REJECTED = "rejected"  # not a message of the outbox's: dropped at the broker, logged
 
 
@@ -50,6 +51,7 @@ class Consumer:
         self.inbox, self.subscription, self.batch = inbox, subscription, batch
         self.counts: Counter[str] = Counter()
         self._requeued_at = 0.0
+        self._purged_at = 0.0
 
     async def run(self, stopping: asyncio.Event) -> None:
         await self.subscription.open()
@@ -60,6 +62,7 @@ class Consumer:
                         break  # not begun: the broker delivers it again
                     await self.one(delivery)
                 await self.requeued(stopping)
+                await self.purge()
         finally:
             await self.subscription.close()
 
@@ -88,6 +91,17 @@ class Consumer:
     def buried(self, message: InboxMessage, attempt: int, error: str | None) -> None:
         log.warning("consumer %s: %s is dead after %d attempt(s): %s",
                     self.inbox.consumer, message.msg_id, attempt, error)  # fmt: skip
+
+    async def purge(self) -> None:
+        """Forget old msg_ids now and then (Inbox.purge), so the table stays its window's size."""
+        if time.monotonic() - self._purged_at < PURGE_EVERY_S:
+            return
+        self._purged_at = time.monotonic()
+        removed = await asyncio.to_thread(self.inbox.purge)
+        if removed:
+            log.info(
+                "consumer %s: forgot %d msg_id(s) handled long ago", self.inbox.consumer, removed
+            )
 
     async def requeued(self, stopping: asyncio.Event) -> None:
         """Run the dead letters an operator gave back, now and then."""

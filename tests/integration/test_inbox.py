@@ -15,6 +15,7 @@ import contextlib
 import threading
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ from sqlalchemy.orm import Session
 from outbox.errors import ConfigError
 from outbox.inbox import Inbox, InboxMessage, Outcome
 from outbox.message import uuid7
-from outbox.table import DEAD, HANDLED, REQUEUED, inbox_message
+from outbox.table import DEAD, HANDLED, REQUEUED, db_now, inbox_message
 from relay.testing import scratch_schema
 from tests.conftest import PG_URL, scratch_mariadb
 from tests.helpers import migrated
@@ -234,6 +235,7 @@ def test_an_async_handler_gets_an_async_session(db: Engine) -> None:
         ({"consumer": "bad name"}, "consumer: "),
         ({"consumer": "ok", "max_attempts": 0}, "max_attempts: must be a whole number"),
         ({"consumer": "ok", "backoff_s": ()}, "backoff_s: must be a non-empty sequence"),
+        ({"consumer": "ok", "keep_days": 0}, "keep_days: must be a number of days above 0"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_field(options: dict[str, object], said: str) -> None:
@@ -251,3 +253,22 @@ def test_a_message_the_outbox_did_not_send_is_refused() -> None:
     with pytest.raises(Exception, match="not a message of the outbox"):
         InboxMessage.from_broker("no-uuid", "t", b"", {})
     assert InboxMessage.from_broker(str(uuid.uuid4()), "t", b"", {"Outbox-Seq": "4"}).seq == 4
+
+
+def test_the_inbox_forgets_handled_msg_ids_past_its_window_and_keeps_dead_letters(
+    db: Engine,
+) -> None:
+    inbox = billing(db, keep_days=1)
+    old, recent, dead = order(1), order(2), order(-1)
+    for message in (old, recent):
+        assert inbox.handle(message).outcome is Outcome.HANDLED
+    assert inbox.handle(dead, attempt=5).outcome is Outcome.DEAD
+    with db.begin() as conn:  # handled and buried two days ago, by the database's clock
+        two_days_ago = conn.execute(select(db_now())).scalar_one() - timedelta(days=2)
+        stale = inbox_message.c.msg_id.in_([old.msg_id, dead.msg_id])
+        conn.execute(update(inbox_message).where(stale).values(created_at=two_days_ago))
+    assert inbox.purge(batch=1) == 1
+    with db.connect() as conn:
+        left = set(conn.execute(select(inbox_message.c.msg_id)).scalars())
+    assert left == {recent.msg_id, dead.msg_id}
+    assert billing(db, "other", keep_days=1).purge() == 0  # another consumer's rows: not its
