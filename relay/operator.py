@@ -29,6 +29,7 @@ from outbox.dialects import dialect_for
 from outbox.errors import InvalidMsgId, UnknownMessage
 from outbox.table import DEAD, PENDING, outbox_message
 from relay import store
+from relay.store import inbox as inbox_store
 
 READ_TIMEOUT_S = 60.0  # an operator's read (a command, a dashboard page) waits this long at most
 STUCK_AFTER_S = store.STUCK_AFTER_S  # stuck, unless a command asks for another SLA
@@ -280,6 +281,21 @@ class Operator:
                 on_batch(deleted)
             if deleted < batch:
                 return Purged(purged, older_than, tuple(days.partitions), days.kept)
+
+    # The consumers' inboxes (outbox.inbox.Inbox)
+
+    def dead_letters(
+        self, consumer: str, topic: str | None, limit: int
+    ) -> tuple[datetime, list[inbox_store.DeadLetter]]:
+        """A consumer's dead letters, newest first, and the database clock."""
+        with self.reading() as conn:
+            return store.db_clock(conn), inbox_store.dead_letters(conn, consumer, topic, limit)
+
+    def requeue_dead_letters(self, consumer: str, topic: str | None, msg_ids: Sequence[str]) -> int:
+        """Give a consumer's dead letters back (its runner runs them again); how many."""
+        ids = [uuid.UUID(m) for m in msg_ids]
+        with self.writing() as conn:
+            return inbox_store.requeue_dead_letters(conn, consumer, topic, ids)
 
     def act(self, action: str, msg_id: str) -> Outcome:
         """One message's ``requeue`` (a dead one), ``skip`` (a dead or pending one) or

@@ -66,6 +66,12 @@ def add_dead(commands: Commands) -> None:
     )
     dead.add_argument("--before", type=msg_id, metavar="MSG_ID", help="the page after this message")
     dead.add_argument("--json", action="store_true", help="one JSON document")
+    dead.add_argument(
+        "--consumer",
+        metavar="NAME",
+        help="list this consumer's dead letters instead (its inbox: messages its handler "
+        "failed past their attempts), newest first",
+    )
 
 
 def add_show(commands: Commands) -> None:
@@ -112,6 +118,8 @@ def add_skip(commands: Commands) -> None:
 
 
 def cmd_dead(args: argparse.Namespace) -> int:
+    if args.consumer is not None:
+        return dead_letters(args)
     with operator_on(args) as operator:
         now, rows, _ = operator.dead(
             KINDS[args.status], args.topic, args.limit, args.before, field="--before"
@@ -123,6 +131,28 @@ def cmd_dead(args: argparse.Namespace) -> int:
     else:
         print_failures(rows, now, more)
     return EXIT_DATA if any(r.status == DEAD for r in rows) else EXIT_OK
+
+
+def dead_letters(args: argparse.Namespace) -> int:
+    """`outbox dead --consumer NAME`: the consumer's dead letters, exit 3 when there are."""
+    with operator_on(args) as operator:
+        now, rows = operator.dead_letters(args.consumer, args.topic, args.limit)
+    if args.json:
+        listed = [{"msg_id": str(r.msg_id), "topic": r.topic, "attempts": r.attempts,
+                   "created_at": r.created_at.isoformat(), "last_error": r.last_error}
+                  for r in rows]  # fmt: skip
+        print(json.dumps({"now": now.isoformat(), "consumer": args.consumer, "messages": listed}))
+    elif not rows:
+        print(f"no dead letters of consumer {safe(args.consumer)}")
+    else:
+        table = [["msg_id", "topic", "attempts", "age", "last_error"]]
+        table += [[str(r.msg_id), safe(r.topic), str(r.attempts),
+                   duration((now - r.created_at).total_seconds()), error_cell(r.last_error or "")]
+                  for r in rows]  # fmt: skip
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+        for row in table:
+            print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    return EXIT_DATA if rows else EXIT_OK
 
 
 def print_failures(rows: Sequence[Failure], now: datetime, more: str | None) -> None:

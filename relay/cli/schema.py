@@ -128,6 +128,12 @@ def add_requeue(commands: Commands) -> None:
         help="these msg_ids",
     )
     req.add_argument("--json", action="store_true", help='print {"requeued": N} on stdout instead')
+    req.add_argument(
+        "--consumer",
+        metavar="NAME",
+        help="requeue this consumer's dead letters (its inbox, outbox_inbox) instead: its "
+        "`outbox consume` runs them again from the table",
+    )
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -287,11 +293,23 @@ def print_table(header: Sequence[str], rows: list[list[str]]) -> None:
 def cmd_requeue(args: argparse.Namespace) -> int:
     if not (args.dead or args.topic or args.ids):
         raise UsageError("give --dead, --topic or --id (refusing to requeue everything)")
+    if args.consumer is not None:
+        return requeue_dead_letters(args)
     with operator_on(args) as operator:
         total, overtaken = operator.requeue_plan(args.dead, args.topic, args.ids, "--id")
         warn_overtaken(overtaken)  # nothing changed yet (an unknown --id: exit 2 before)
         count = requeue_in_batches(operator, args, total)
     print(json.dumps({"requeued": count}) if args.json else f"requeued {count} message(s)")
+    return EXIT_OK
+
+
+def requeue_dead_letters(args: argparse.Namespace) -> int:
+    with operator_on(args) as operator:
+        count = operator.requeue_dead_letters(args.consumer, args.topic, args.ids)
+    if args.json:
+        print(json.dumps({"requeued": count}))
+    else:
+        print(f"requeued {count} dead letter(s) of consumer {safe(args.consumer)}")
     return EXIT_OK
 
 
