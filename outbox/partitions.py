@@ -41,6 +41,7 @@ from typing import NamedTuple
 from sqlalchemy import Connection, Engine, MetaData, Table, text
 from sqlalchemy.exc import OperationalError
 
+from outbox.dialects import dialect_for
 from outbox.errors import OutboxError
 from outbox.table import CANCELED, PENDING, SENT, outbox_message
 
@@ -109,7 +110,7 @@ def default_table() -> Table:
 
 
 def supported(conn: Connection) -> bool:
-    return conn.dialect.name == "postgresql"
+    return dialect_for(conn).partitions_outbox
 
 
 def is_partitioned(conn: Connection) -> bool:
@@ -328,7 +329,7 @@ def convert(
     with engine.connect() as conn:
         if not supported(conn):
             raise PartitionError(
-                f"a partitioned outbox is PostgreSQL only, not {conn.dialect.name}: there "
+                f"a partitioned outbox is PostgreSQL only, not {dialect_for(conn).name}: there "
                 "retention deletes in batches (docs/operations.md, retention)"
             )
         changed = is_partitioned(conn) != partitioned

@@ -54,6 +54,7 @@ class Dialect:
     schema_is_database = False  # a schema is a database (MySQL)
     alters_by_batch = False  # Alembic recreates a table to alter it (SQLite)
     supports_partial_indexes = False  # an index over the rows a WHERE picks
+    partitions_outbox = False  # outbox.partitions: outbox_message by day (`--partitioned`)
     brin_indexes = False  # block range indexes (the reconciliation's window reads)
     local_session_clock = False  # CURRENT_TIMESTAMP is the session's local time (DATETIME)
     own_poolclass: type[Pool] = QueuePool  # the relay's own engine's pool

@@ -40,6 +40,7 @@ class PostgreSQL(Dialect):
     free_autocommit = True
     schema_in_options = True
     supports_partial_indexes = True
+    partitions_outbox = True
     brin_indexes = True
     # The backlog's correlated subquery makes the planner's estimate huge: compiling the
     # plan took a second where running it takes tens of milliseconds (bench/dashboard.py).

@@ -31,6 +31,7 @@ BROKER = ["--broker", "nats://127.0.0.1:1"]
 WINDOW = ["--start", "2026-03-01T00:00:00Z", "--end", "2026-03-01T01:00:00Z"]
 # What each command needs besides the flag tried, so that only that flag can be wrong.
 BASE = {
+    "consume": ["--app", "tests.consume_app:inbox", "--broker", "nats://127.0.0.1:1"],
     "migrate": DB,
     "status": DB,
     "requeue": [*DB, "--dead"],
