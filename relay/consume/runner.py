@@ -41,7 +41,18 @@ def subscription_for(broker: str, inbox: Handling) -> Subscription:
         from relay.consume.nats import NatsSubscription
 
         return NatsSubscription(broker, inbox.consumer, inbox.patterns)
-    raise ConfigError(f"broker: the inbox consumes from nats:// brokers, not {scheme or broker!r}")
+    if scheme in ("redis", "rediss"):
+        from relay.consume.redis import RedisSubscription
+
+        return RedisSubscription(broker, inbox.consumer, inbox.patterns)
+    if scheme in ("amqp", "amqps"):
+        from relay.consume.rabbitmq import RabbitSubscription
+
+        return RabbitSubscription(broker, inbox.consumer, inbox.patterns)
+    raise ConfigError(
+        "broker: the inbox consumes from nats://, redis:// or amqp:// brokers (tls://, "
+        f"rediss://, amqps://), not {scheme or broker!r}"
+    )
 
 
 class Consumer:
