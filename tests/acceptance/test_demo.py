@@ -17,7 +17,7 @@ def figure(output: str, name: str) -> str:
     return match.group(1)
 
 
-def test_demo_prints_no_loss_and_no_phantom() -> None:
+def test_demo_prints_no_loss_no_phantom_and_each_message_handled_once() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("OUTBOX_DB", "OUTBOX_BROKER")}
     done = subprocess.run(
         [sys.executable, "-m", "examples.demo", "--requests", "400"],
@@ -35,4 +35,8 @@ def test_demo_prints_no_loss_and_no_phantom() -> None:
     committed, rolled_back = int(figure(out, "committed")), int(figure(out, "rolled back"))
     assert committed + rolled_back == 400 and rolled_back > 0
     assert figure(out, "delivered") == str(committed)
+    # The consumer's inbox: each message handled once, the replayed stream acked unhandled.
+    assert figure(out, "consumer: handled once") == str(committed)
+    assert figure(out, "consumer: handled twice (must be 0)") == "0"
+    assert figure(out, "consumer: replayed, acked unhandled") == str(committed)
     assert "sqlite:///" in out, "the default database is an embedded SQLite file"
