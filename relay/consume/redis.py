@@ -141,12 +141,12 @@ class RedisSubscription(Subscription):
     async def take(self, most: int, wait_s: float) -> list[Delivery]:
         if time.monotonic() - self._scanned_at >= RESCAN_S:
             await self.rescan()
+        await self.keep_waiting()
         found = await self.due_retries(most)
         if len(found) < most:
             found += await self.abandoned(most - len(found))
         if found:
             return found
-        await self.keep_waiting()
         block = min(wait_s, MAX_BLOCK_S, self.until_next_due())
         if not self._keys:
             await asyncio.sleep(block)
@@ -175,8 +175,9 @@ class RedisSubscription(Subscription):
             key, self.group, self.name, 0, ids))  # fmt: skip
 
     async def abandoned(self, most: int) -> list[Delivery]:
-        """Entries pending longer than ``ack_wait`` (their process died): one XAUTOCLAIM
-        pass over every stream each ``ack_wait / 2``, a page of ``most`` per fetch."""
+        """Entries pending longer than ``ack_wait`` (their process died): an XAUTOCLAIM
+        pass over every stream each ``ack_wait / 2`` (``RESCAN_S`` at most), a page of
+        ``most`` per fetch."""
         if not self._claim_from:
             if time.monotonic() - self._claimed_at < min(self.ack_wait / 2, RESCAN_S):
                 return []

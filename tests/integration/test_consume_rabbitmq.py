@@ -195,6 +195,28 @@ def test_a_failing_handler_is_retried_and_a_poison_message_is_dead_while_others_
     )
 
 
+def test_a_retry_waits_its_delay_while_the_messages_after_it_are_handled(
+    db: Engine, rabbit: Rabbit
+) -> None:
+    inbox = Inbox(db, rabbit.consumer, backoff_s=(1.0,))
+    tries: list[tuple[str, float]] = []
+
+    @inbox.handler("bill.*")
+    def once_failing(session: object, message: InboxMessage) -> None:
+        name = message.json()["name"]
+        tries.append((name, time.monotonic()))
+        if name == "flaky" and len([n for n, _ in tries if n == "flaky"]) == 1:
+            raise RuntimeError("flaky failed")
+
+    sent = [build_message("bill.created", {"name": n}, max_payload_bytes=1000)
+            for n in ["flaky", "a", "b", "c"]]  # fmt: skip
+    publish(rabbit.url, sent)
+    seen = asyncio.run(consume_until(inbox, rabbit.url, lambda c: total(c, "handled") >= 4))
+    assert total(seen, "handled") == 4 and total(seen, "retry") == 1
+    assert [n for n, _ in tries] == ["flaky", "a", "b", "c", "flaky"]
+    assert tries[-1][1] - tries[0][1] >= 1.0  # the backoff's delay, not at once
+
+
 def test_two_processes_of_one_consumer_share_the_queue(db: Engine, rabbit: Rabbit) -> None:
     sent = orders(40)
     publish(rabbit.url, sent)

@@ -29,6 +29,7 @@ from outbox.inbox import Inbox, InboxMessage
 from outbox.message import Message, build_message
 from outbox.table import DEAD, inbox_message
 from relay.brokers.redis import RedisBroker
+from relay.consume import redis as redis_consume
 from relay.consume.redis import RedisSubscription
 from relay.consume.runner import Consumer
 from tests import consume_app
@@ -156,6 +157,28 @@ def test_a_failing_handler_is_retried_and_a_poison_message_is_dead_while_others_
     client.close()
 
 
+def test_a_retry_waits_its_delay_while_the_messages_after_it_are_handled(
+    db: Engine, url: str
+) -> None:
+    inbox = Inbox(db, "billing", backoff_s=(1.0,))
+    tries: list[tuple[str, float]] = []
+
+    @inbox.handler("bill.*")
+    def once_failing(session: object, message: InboxMessage) -> None:
+        name = message.json()["name"]
+        tries.append((name, time.monotonic()))
+        if name == "flaky" and len([n for n, _ in tries if n == "flaky"]) == 1:
+            raise RuntimeError("flaky failed")
+
+    sent = [build_message("bill.created", {"name": n}, max_payload_bytes=1000)
+            for n in ["flaky", "a", "b", "c"]]  # fmt: skip
+    publish(url, sent)
+    seen = asyncio.run(consume_until(inbox, url, lambda c: total(c, "handled") >= 4))
+    assert total(seen, "handled") == 4 and total(seen, "retry") == 1
+    assert [n for n, _ in tries] == ["flaky", "a", "b", "c", "flaky"]
+    assert tries[-1][1] - tries[0][1] >= 1.0  # the backoff's delay, not at once
+
+
 def test_two_processes_of_one_consumer_share_the_entries(db: Engine, url: str) -> None:
     sent = orders(40)
     publish(url, sent)
@@ -208,6 +231,32 @@ def test_a_consumer_killed_inside_a_handler_leaves_the_entry_to_the_next_which_h
     assert second.returncode == 0, err
     assert invoices(db) == {m.msg_id: 1 for m in sent}  # the held one too, once
     assert out.startswith("consumer billing: handled ")
+
+
+def test_streams_of_topics_that_appear_later_are_joined_and_others_left_alone(
+    db: Engine, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis_consume, "RESCAN_S", 0.1)
+    inbox = consume_app.build(db)
+    later = [build_message(t, {"amount": 1}, max_payload_bytes=1000)
+             for t in ("bill.created", "bill.paid", "bill.paid.late", "billing.x")]  # fmt: skip
+
+    async def main() -> list[Consumer]:
+        consuming = asyncio.create_task(
+            consume_until(inbox, url, lambda c: total(c, "handled") >= 2)
+        )
+        await asyncio.sleep(0.3)  # open, with no stream yet
+        await asyncio.to_thread(publish, url, later)
+        return await consuming
+
+    seen = asyncio.run(main())
+    assert total(seen, "handled") == 2
+    assert invoices(db) == {m.msg_id: 1 for m in later[:2]}
+    client = redis.Redis.from_url(SERVER)
+    prefix = url.partition("prefix=")[2]
+    joined = [bool(client.xinfo_groups(prefix + m.topic)) for m in later]
+    client.close()
+    assert joined == [True, True, False, False]  # bill.* only
 
 
 def test_an_entry_the_relay_did_not_write_is_rejected(db: Engine, url: str) -> None:
