@@ -1,6 +1,7 @@
 """The SQL the relay runs, by audience: the hot path (relay.store.hot), an ordered key's
-rules (keys), scheduled messages (schedule), the operator's reads and actions (ops) and
-what status, the dashboard and the gauges count (monitor).
+rules (keys) and its heads found key by key (heads), scheduled messages (schedule), the
+operator's reads and actions (ops) and what status, the dashboard and the gauges count
+(monitor).
 
 Every public name is here too, so that ``from relay import store; store.claim(...)`` reads
 the same as before the package; new code may import from the module of its audience.
