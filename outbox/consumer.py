@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
 OWN_HEADERS = (KEY_HEADER, TAGS_HEADER, SEQ_HEADER)  # the outbox's, not the app's
+CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 @dataclass(frozen=True)
@@ -44,10 +46,10 @@ class InboxMessage:
     ) -> InboxMessage:
         """The message from what a broker delivered: the outbox's own headers (key, tags,
         seq) taken out of the app's; an OutboxError when it is not one the outbox sent."""
-        try:
-            parsed = uuid.UUID(msg_id)
-        except (TypeError, ValueError) as exc:
-            raise OutboxError(f"not a message of the outbox: msg_id {msg_id!r}") from exc
+        if not isinstance(msg_id, str) or not CANONICAL_UUID.fullmatch(msg_id):
+            # The relay writes the canonical form; a client's random hex id is not one.
+            raise OutboxError(f"not a message of the outbox: msg_id {msg_id!r}")
+        parsed = uuid.UUID(msg_id)
         seq = headers.get(SEQ_HEADER)
         if seq is not None and not seq.isdigit():
             raise OutboxError(f"not a message of the outbox: {SEQ_HEADER} {seq!r}")
@@ -73,13 +75,15 @@ class Outcome(enum.StrEnum):
     HANDLED = "handled"  # the handler committed: ack
     DUPLICATE = "duplicate"  # recorded before: ack, the handler did not run
     RETRY = "retry"  # the handler failed: not acked, tried again after ``delay_s``
+    HELD = "held"  # an ordered message before its key's previous one: tried again later
     DEAD = "dead"  # failed past max_attempts (or no handler): recorded as dead, ack
 
 
 class Result(NamedTuple):
     outcome: Outcome
-    delay_s: float = 0.0  # RETRY: wait this long before the next attempt
+    delay_s: float = 0.0  # RETRY, HELD: wait this long before the next attempt
     error: str | None = None
+    out_of_order: str | None = None  # HANDLED, though not in its key's order: why
 
 
 class Handling(Protocol):

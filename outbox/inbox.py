@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import inspect
 import re
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import CursorResult, Engine, and_, delete, insert, select, update
+from sqlalchemy import CursorResult, Engine, and_, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -61,11 +62,18 @@ MAX_ATTEMPTS = 5
 KEEP_DAYS = 7.0  # how long a handled msg_id is remembered: longer than any copy can come
 PURGE_BATCH = 1000
 BACKOFF_S = (1.0, 5.0, 30.0, 120.0, 600.0)  # before the 2nd, 3rd ... attempt; the last repeats
+GAP_WAIT_S = 30.0  # an ordered message waits this long for its key's previous one
+GAP_RETRY_S = 1.0  # and is tried again this often meanwhile
+HELD_MOST = 10_000  # held messages remembered (when each was first held), at most
 ERROR_MAX = 2000  # characters of a dead letter's error kept
 
 
 class Duplicate(Exception):
     """The inbox row was there already: leave the transaction, run nothing."""
+
+
+class Held(Exception):
+    """An ordered message came before its key's previous one: leave, try again later."""
 
 
 def pattern_regex(pattern: str) -> re.Pattern[str]:
@@ -103,9 +111,12 @@ class Inbox(Binding):
         max_attempts: int = MAX_ATTEMPTS,
         backoff_s: tuple[float, ...] = BACKOFF_S,
         keep_days: float = KEEP_DAYS,
+        gap_wait_s: float = GAP_WAIT_S,
     ) -> None:
         self.consumer = check_name("consumer", consumer)
         self.keep_days = check_keep_days(keep_days)
+        self.gap_wait_s = check_gap_wait(gap_wait_s)
+        self._held: dict[uuid.UUID, tuple[float, int]] = {}  # msg_id: (first held, times)
         self.max_attempts = check_attempts(max_attempts)
         self.backoff_s = check_backoff(backoff_s)
         self.handlers: list[tuple[re.Pattern[str], str, Handler]] = []
@@ -168,13 +179,15 @@ class Inbox(Binding):
         run = cast(SyncHandler, fn)
         try:
             with self.session_factory() as session, session.begin():
-                self._record(session, message)
+                late = self._record(session, message)
                 run(session, message)
         except Duplicate:
             return Result(Outcome.DUPLICATE)
+        except Held as held:
+            return self._hold(message, str(held))
         except Exception as exc:  # the handler's fault: this message's alone
             return self._failed(message, attempt, exc)
-        return Result(Outcome.HANDLED)
+        return self._handled(message, late)
 
     async def handle_async(self, message: InboxMessage, attempt: int = 1) -> Result:
         """``handle`` for ``async def`` handlers, in an ``AsyncSession``; a sync handler
@@ -187,13 +200,15 @@ class Inbox(Binding):
         run = cast(AsyncHandler, fn)
         try:
             async with self.async_session_factory() as session, session.begin():
-                await session.run_sync(self._record, message)
+                late = await session.run_sync(self._record, message)
                 await run(session, message)
         except Duplicate:
             return Result(Outcome.DUPLICATE)
+        except Held as held:
+            return self._hold(message, str(held))
         except Exception as exc:
             return self._failed(message, attempt, exc)
-        return Result(Outcome.HANDLED)
+        return self._handled(message, late)
 
     def _no_sync_handler(self, message: InboxMessage, fn: Handler | None, attempt: int) -> Result:
         if fn is None:
@@ -204,26 +219,66 @@ class Inbox(Binding):
             "run_async() (or handle_async())"
         )
 
-    def _record(self, session: Session, message: InboxMessage) -> None:
+    def _record(self, session: Session, message: InboxMessage) -> str | None:
         """The inbox row, first in the transaction: a second copy waits here for the
         first one's commit and then finds the row (Duplicate), or its rollback and then
-        runs."""
-        row = {"consumer": self.consumer, "msg_id": message.msg_id, "topic": message.topic}
+        runs. An ordered message then checks its key's order (``in_order``)."""
+        row = {"consumer": self.consumer, "msg_id": message.msg_id, "topic": message.topic,
+               "key": message.key, "seq": message.seq}  # fmt: skip
         try:
             session.execute(insert(t).values(**row))
         except IntegrityError as exc:
             raise Duplicate from exc
+        if message.seq is None or message.key is None:
+            return None
+        return self.in_order(session, message)
+
+    def in_order(self, session: Session, message: InboxMessage) -> str | None:
+        """Whether ``message`` is its key's next (the one after the last handled, or
+        dead, before it): Held while one is missing, for ``gap_wait_s``; past that, or
+        when a later one was handled already, it runs and the reason is returned (the
+        runner reports it). The first message of a key the consumer sees starts it."""
+        assert message.seq is not None
+        key = and_(t.c.consumer == self.consumer, t.c.topic == message.topic,
+                   t.c.key == message.key, t.c.msg_id != message.msg_id)  # fmt: skip
+        before = session.execute(select(func.max(t.c.seq)).where(key, t.c.seq < message.seq))
+        after = session.execute(select(func.min(t.c.seq)).where(key, t.c.seq > message.seq))
+        prev, later = before.scalar(), after.scalar()
+        where = f"seq {message.seq} of key {message.key!r} of {message.topic}"
+        if later is not None:
+            return f"{where} came after seq {later}"
+        if prev is None or prev == message.seq - 1:
+            return None
+        first, _ = self._held.get(message.msg_id, (time.monotonic(), 0))
+        if time.monotonic() - first < self.gap_wait_s:
+            raise Held(f"{where} waits for seq {prev + 1}")
+        return f"{where} handled without seq {prev + 1}, after {self.gap_wait_s:g} s"
+
+    def _hold(self, message: InboxMessage, why: str) -> Result:
+        first, times = self._held.pop(message.msg_id, (time.monotonic(), 0))
+        self._held[message.msg_id] = (first, times + 1)
+        if len(self._held) > HELD_MOST:  # bounded: the oldest forgotten (it waits anew)
+            self._held.pop(next(iter(self._held)))
+        return Result(Outcome.HELD, min(GAP_RETRY_S, self.gap_wait_s), why)
+
+    def _handled(self, message: InboxMessage, late: str | None) -> Result:
+        self._held.pop(message.msg_id, None)
+        return Result(Outcome.HANDLED, out_of_order=late)
 
     def _failed(self, message: InboxMessage, attempt: int, exc: BaseException) -> Result:
         error = f"{type(exc).__name__}: {exc}"[:ERROR_MAX]
+        _, held = self._held.get(message.msg_id, (0.0, 0))
+        attempt -= held  # deliveries it was held for are no failures
         if attempt >= self.max_attempts:
             return self._bury(message, attempt, error)
         return Result(Outcome.RETRY, self.delay_before(attempt), error)
 
     def _bury(self, message: InboxMessage, attempt: int, error: str) -> Result:
-        """Record ``message`` as this consumer's dead letter (ack it then); a copy recorded
-        meanwhile (handled by another process) is left as it is."""
+        """Record ``message`` as this consumer's dead letter (ack it then; its key goes on
+        past it); a copy recorded meanwhile (handled by another process) is left as it is."""
+        self._held.pop(message.msg_id, None)
         row = {"consumer": self.consumer, "msg_id": message.msg_id, "topic": message.topic,
+               "key": message.key, "seq": message.seq,
                "status": DEAD, "attempts": attempt, "last_error": error,
                "headers": message.header_map(), "payload": message.payload}  # fmt: skip
         try:
@@ -323,6 +378,12 @@ def check_attempts(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
         raise ConfigError(f"max_attempts: must be a whole number from 1 to 1000, got {value!r}")
     return value
+
+
+def check_gap_wait(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 3600:
+        raise ConfigError(f"gap_wait_s: must be seconds from 0 to 3600, got {value!r}")
+    return float(value)
 
 
 def check_keep_days(value: object) -> float:

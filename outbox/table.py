@@ -318,6 +318,9 @@ inbox_message = Table(
     Column("consumer", name_type, primary_key=True),
     Column("msg_id", Uuid(), primary_key=True),
     Column("topic", name_type, nullable=False),
+    # An ordered message's key and place in it (Outbox-Seq): the last one handled of a key.
+    Column("key", name_type),
+    Column("seq", BigInteger()),
     Column("status", String(8), nullable=False, server_default=text(f"'{HANDLED}'")),
     Column("attempts", Integer(), nullable=False, server_default=text("1")),
     Column("last_error", Text()),
@@ -328,4 +331,5 @@ inbox_message = Table(
     # A consumer's dead letters and requeued ones (`outbox dead --consumer`), and the
     # retention's old handled rows, by status and age.
     Index("ix_outbox_inbox_status", "consumer", "status", "created_at"),
+    Index("ix_outbox_inbox_key_seq", "consumer", "topic", "key", "seq"),
 )

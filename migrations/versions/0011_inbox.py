@@ -7,7 +7,8 @@ Create Date: 2026-11-28
 outbox.inbox.Inbox writes a row in the handler's own transaction, so a copy of a
 message it handled is acknowledged without running the handler again; a message that
 failed past its attempts stays as the consumer's dead letter, with its topic, headers
-and payload to run it again. A new, empty table: nothing to convert.
+and payload to run it again. An ordered message's key and seq say which of its key's
+messages came before it. A new, empty table: nothing to convert.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def upgrade() -> None:
         sa.Column("consumer", name_type, nullable=False),
         sa.Column("msg_id", sa.Uuid(), nullable=False),
         sa.Column("topic", name_type, nullable=False),
+        sa.Column("key", name_type),
+        sa.Column("seq", sa.BigInteger()),
         sa.Column("status", sa.String(8), nullable=False, server_default=sa.text("'handled'")),
         sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("1")),
         sa.Column("last_error", sa.Text()),
@@ -43,6 +46,7 @@ def upgrade() -> None:
         ),
     )
     op.create_index("ix_outbox_inbox_status", TABLE, ["consumer", "status", "created_at"])
+    op.create_index("ix_outbox_inbox_key_seq", TABLE, ["consumer", "topic", "key", "seq"])
 
 
 def downgrade() -> None:

@@ -26,8 +26,9 @@ def add_consume(commands: Commands) -> None:
         help="run an app's inbox: each message handled once, in its own transaction "
         "(until SIGTERM/SIGINT)",
         description="Consume the messages of the app's Inbox handlers' topics from the "
-        "broker, as its consumer (a durable consumer per JetStream stream; processes of "
-        "one consumer share them). Each handler runs in a transaction that records the "
+        "broker, as its consumer (a durable consumer per JetStream stream, a consumer "
+        "group per Redis stream, a quorum queue on RabbitMQ; processes of one consumer "
+        "share them). Each handler runs in a transaction that records the "
         "message in outbox_inbox; the message is acked after that commit, and a copy of "
         "one recorded before is acked without running its handler. A failing handler is "
         "retried with the inbox's backoff; past its attempts the message is the "

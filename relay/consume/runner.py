@@ -29,6 +29,7 @@ BATCH = 16
 FETCH_WAIT_S = 1.0
 REQUEUED_EVERY_S = 5.0
 PURGE_EVERY_S = 300.0  # the inbox forgets msg_ids past its keep_days this often
+OUT_OF_ORDER = "out of order"  # handled, not in its key's order: reported
 REJECTED = "rejected"  # not a message of the outbox's: dropped at the broker, logged
 
 
@@ -88,7 +89,12 @@ class Consumer:
             self.counts[REJECTED] += 1
             return None
         result = await self.inbox.handle_async(message, delivery.attempt)
-        if result.outcome is Outcome.RETRY:
+        if result.out_of_order is not None:
+            log.warning("consumer %s: out of order: %s", self.inbox.consumer, result.out_of_order)
+            self.counts[OUT_OF_ORDER] += 1
+        if result.outcome is Outcome.HELD:
+            await delivery.retry(result.delay_s)
+        elif result.outcome is Outcome.RETRY:
             log.info("consumer %s: %s failed (attempt %d), again in %gs: %s", self.inbox.consumer,
                      message.msg_id, delivery.attempt, result.delay_s, result.error)  # fmt: skip
             await delivery.retry(result.delay_s)

@@ -272,3 +272,71 @@ def test_the_inbox_forgets_handled_msg_ids_past_its_window_and_keeps_dead_letter
         left = set(conn.execute(select(inbox_message.c.msg_id)).scalars())
     assert left == {recent.msg_id, dead.msg_id}
     assert billing(db, "other", keep_days=1).purge() == 0  # another consumer's rows: not its
+
+
+# Order: an ordered message's key and seq (the Outbox-Seq header)
+
+
+def ordered(seq: int, key: str = "k1", amount: int = 1) -> InboxMessage:
+    headers = {"Outbox-Key": key, "Outbox-Seq": str(seq)}
+    return InboxMessage.from_broker(
+        str(uuid7()), "orders.created", f'{{"amount": {amount}}}'.encode(), headers
+    )
+
+
+def seen_in(inbox: Inbox) -> list[int | None]:
+    """Register a handler that notes the seqs it ran (committed or not)."""
+    seqs: list[int | None] = []
+
+    @inbox.handler("orders.*")
+    def note(session: Session, message: InboxMessage) -> None:
+        seqs.append(message.seq)
+        if message.json()["amount"] < 0:
+            raise ValueError("a negative amount")
+
+    return seqs
+
+
+def test_a_keys_next_message_waits_for_the_one_before_it(db: Engine) -> None:
+    inbox = Inbox(db, "billing", gap_wait_s=600)
+    seqs = seen_in(inbox)
+    one, two, three = ordered(1), ordered(2), ordered(3)
+    other_key = ordered(7, key="k2")  # a key first seen mid-way starts there
+    assert inbox.handle(one).outcome is Outcome.HANDLED
+    held = inbox.handle(three)
+    assert (held.outcome, held.error) == (
+        Outcome.HELD,
+        "seq 3 of key 'k1' of orders.created waits for seq 2",
+    )
+    assert held.delay_s == 1.0
+    assert inbox.handle(other_key).outcome is Outcome.HANDLED  # other keys go on
+    assert inbox.handle(two) == (Outcome.HANDLED, 0.0, None, None)
+    assert inbox.handle(three, attempt=2) == (Outcome.HANDLED, 0.0, None, None)
+    assert seqs == [1, 7, 2, 3]
+
+
+def test_a_gap_is_held_for_a_bounded_time_then_reported_never_silently(db: Engine) -> None:
+    inbox = Inbox(db, "billing", gap_wait_s=0, max_attempts=2)
+    seqs = seen_in(inbox)
+    inbox.handle(ordered(1))
+    three = inbox.handle(ordered(3), attempt=5)  # past the wait: runs, and says why
+    assert three.outcome is Outcome.HANDLED
+    assert (
+        three.out_of_order == "seq 3 of key 'k1' of orders.created handled without seq 2, after 0 s"
+    )
+    late = inbox.handle(ordered(2))
+    assert late.out_of_order == "seq 2 of key 'k1' of orders.created came after seq 3"
+    assert seqs == [1, 3, 2]
+
+
+def test_deliveries_it_was_held_for_are_no_failures_and_a_dead_one_lets_its_key_go_on(
+    db: Engine,
+) -> None:
+    inbox = Inbox(db, "billing", gap_wait_s=600, max_attempts=2)
+    seen_in(inbox)
+    inbox.handle(ordered(1))
+    waiting = ordered(3)
+    for attempt in (1, 2, 3):
+        assert inbox.handle(waiting, attempt).outcome is Outcome.HELD
+    assert inbox.handle(ordered(2, amount=-1), attempt=2).outcome is Outcome.DEAD
+    assert inbox.handle(waiting, attempt=4).outcome is Outcome.HANDLED  # not dead: 1 try
