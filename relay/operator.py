@@ -291,6 +291,11 @@ class Operator:
         with self.reading() as conn:
             return store.db_clock(conn), inbox_store.dead_letters(conn, consumer, topic, limit)
 
+    def consumers(self) -> dict[str, dict[str, int]]:
+        """Each consumer's inbox rows by status (handled within its window, dead, requeued)."""
+        with self.reading() as conn:
+            return inbox_store.consumers(conn)
+
     def requeue_dead_letters(self, consumer: str, topic: str | None, msg_ids: Sequence[str]) -> int:
         """Give a consumer's dead letters back (its runner runs them again); how many."""
         ids = [uuid.UUID(m) for m in msg_ids]

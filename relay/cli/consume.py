@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from outbox.inbox import Inbox
 from relay.cli.app import describe, import_app_module
-from relay.cli.common import EXIT_OK, Commands, UsageError, add_broker_flag
+from relay.cli.common import EXIT_OK, PORT, Commands, UsageError, add_broker_flag
 from relay.consume.runner import run_until_signalled
 
 FLAG = "--app"
@@ -45,6 +45,13 @@ def add_consume(commands: Commands) -> None:
         help="the app's Inbox (or a callable returning one), e.g. myshop.billing:inbox",
     )
     add_broker_flag(con)
+    con.add_argument(
+        "--metrics-port",
+        type=PORT,
+        help=f"serve Prometheus /metrics on this port ({PORT.range}; needs the [metrics] "
+        "extra): outbox_consumer_messages_total{consumer,outcome}, "
+        "outbox_consumer_lag_messages{consumer}",
+    )
 
 
 def load_inbox(spec: str) -> Inbox:
@@ -74,7 +81,12 @@ def load_inbox(spec: str) -> Inbox:
 
 def cmd_consume(args: argparse.Namespace) -> int:
     inbox = load_inbox(args.inbox_app)
-    counts = run_until_signalled(inbox, args.broker)
+    on_start = None
+    if args.metrics_port is not None:
+        from relay.consume.metrics import serve  # prometheus_client: the [metrics] extra
+
+        on_start = serve(args.metrics_port).attach
+    counts = run_until_signalled(inbox, args.broker, on_start=on_start)
     said = ", ".join(
         f"{name} {counts.get(name, 0)}" for name in ("handled", "duplicate", "retry", "dead")
     )

@@ -41,3 +41,7 @@ class Subscription(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
+
+    async def lag(self) -> int | None:
+        """Messages for the consumer not yet settled at the broker, if it tells (NATS)."""
+        return None

@@ -97,6 +97,14 @@ class NatsSubscription(Subscription):
             return [delivery(m) for m in msgs]
         return []
 
+    async def lag(self) -> int | None:
+        """Not yet delivered plus delivered and not yet acked, over the streams."""
+        total = 0
+        for sub in self._subs:
+            info = await sub.consumer_info()
+            total += (info.num_pending or 0) + (info.num_ack_pending or 0)
+        return total
+
     async def close(self) -> None:
         nc, self._nc = self._nc, None
         if nc is not None and not nc.is_closed:

@@ -18,6 +18,7 @@ import os
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from outbox.consumer import Handling, InboxMessage, Outcome
@@ -28,6 +29,7 @@ log = logging.getLogger("relay.consume")
 BATCH = 16
 FETCH_WAIT_S = 1.0
 REQUEUED_EVERY_S = 5.0
+LAG_EVERY_S = 5.0
 PURGE_EVERY_S = 300.0  # the inbox forgets msg_ids past its keep_days this often
 OUT_OF_ORDER = "out of order"  # handled, not in its key's order: reported
 REJECTED = "rejected"  # not a message of the outbox's: dropped at the broker, logged
@@ -64,6 +66,8 @@ class Consumer:
         self.counts: Counter[str] = Counter()
         self._requeued_at = 0.0
         self._purged_at = 0.0
+        self.lag: int | None = None  # the broker's, refreshed every LAG_EVERY_S
+        self._lag_at = 0.0
 
     async def run(self, stopping: asyncio.Event) -> None:
         await self.subscription.open()
@@ -75,6 +79,7 @@ class Consumer:
                     await self.one(delivery)
                 await self.requeued(stopping)
                 await self.purge()
+                await self.measure_lag()
         finally:
             await self.subscription.close()
 
@@ -109,6 +114,16 @@ class Consumer:
         log.warning("consumer %s: %s is dead after %d attempt(s): %s",
                     self.inbox.consumer, message.msg_id, attempt, error)  # fmt: skip
 
+    async def measure_lag(self) -> None:
+        if time.monotonic() - self._lag_at < LAG_EVERY_S:
+            return
+        self._lag_at = time.monotonic()
+        try:
+            self.lag = await self.subscription.lag()
+        except Exception as exc:  # a gauge left unknown, never the consumer stopped
+            log.debug("consumer %s: lag unknown: %s", self.inbox.consumer, exc)
+            self.lag = None
+
     async def purge(self) -> None:
         """Forget old msg_ids now and then (Inbox.purge), so the table stays its window's size."""
         if time.monotonic() - self._purged_at < PURGE_EVERY_S:
@@ -132,14 +147,27 @@ class Consumer:
             self.counts[f"requeued {result.outcome}"] += 1
 
 
-async def run(inbox: Handling, broker: str, stopping: asyncio.Event | None = None) -> Counter[str]:
-    """Consume for ``inbox`` from ``broker`` until ``stopping`` is set; the counts."""
+async def run(
+    inbox: Handling,
+    broker: str,
+    stopping: asyncio.Event | None = None,
+    on_start: Callable[[Consumer], None] | None = None,
+) -> Counter[str]:
+    """Consume for ``inbox`` from ``broker`` until ``stopping`` is set; the counts.
+    ``on_start``: told the Consumer first (the metrics read its counts)."""
     consumer = Consumer(inbox, subscription_for(broker, inbox))
+    if on_start is not None:
+        on_start(consumer)
     await consumer.run(stopping or asyncio.Event())
     return consumer.counts
 
 
-def run_until_signalled(inbox: Handling, broker: str, command: str = "consume") -> Counter[str]:
+def run_until_signalled(
+    inbox: Handling,
+    broker: str,
+    command: str = "consume",
+    on_start: Callable[[Consumer], None] | None = None,
+) -> Counter[str]:
     """``run`` in a new event loop until SIGINT or SIGTERM: the first lets the handler in
     hand finish and settle, a second exits at once (its transaction rolls back and the
     broker delivers the message again). Main thread only."""
@@ -157,7 +185,7 @@ def run_until_signalled(inbox: Handling, broker: str, command: str = "consume") 
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, on_signal, signum)
         try:
-            return await run(inbox, broker, stopping)
+            return await run(inbox, broker, stopping, on_start)
         finally:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)

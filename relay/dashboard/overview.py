@@ -38,10 +38,21 @@ def overview(operator: Operator, metrics: RelayMetrics | None) -> dict[str, Any]
     return {
         "now": now.isoformat(),
         "topics": topics,
+        "consumers": consumer_rows(operator.consumers()),
         "total": totals(topics),
         "charts": charts(minutes, now, capped),
         "metrics": None if metrics is None else metrics.read(),
     }
+
+
+def consumer_rows(counts: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+    """Per consumer (outbox.inbox.Inbox): the msg_ids its inbox remembers as handled, its
+    dead letters and those requeued, waiting for its runner."""
+    return [
+        {"consumer": name, "handled": by.get("handled", 0), "dead": by.get("dead", 0),
+         "requeued": by.get("requeued", 0)}
+        for name, by in sorted(counts.items())
+    ]  # fmt: skip
 
 
 COUNTS = ("pending", "blocked", "stuck", "scheduled", "dead", "blocked_keys", "sent_1h")

@@ -29,8 +29,9 @@ from sqlalchemy import text as sql
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from outbox import Outbox, migrate
+from outbox import Inbox, InboxMessage, Outbox, migrate
 from outbox.errors import ConfigError
+from outbox.message import uuid7
 from outbox.table import outbox_message as t
 from relay.cli.dashboard import is_loopback
 from relay.dashboard import create_app, guard
@@ -226,6 +227,24 @@ def test_overview_on_sqlite(sqlite_url: str) -> None:
     assert sum(data["charts"]["throughput"]["data"][0]["y"]) == 2
     p50 = [v for v in data["charts"]["latency"]["data"][0]["y"] if v is not None]
     assert p50 and set(p50) == {0.0}  # sent as created: no latency (one minute, or two)
+
+
+def test_overview_shows_the_consumers_inboxes(sqlite_url: str) -> None:
+    migrate.upgrade(sqlite_url)
+    engine = create_engine(sqlite_url)
+    try:
+        inbox = Inbox(engine, "billing", max_attempts=1)
+        inbox.handler("orders.*")(lambda session, message: message.json()["ok"] or 1 / 0)
+        for ok in (True, True, False):
+            body = json.dumps({"ok": ok}).encode()
+            inbox.handle(InboxMessage.from_broker(str(uuid7()), "orders.created", body, {}))
+        with browse(create_app(engine)) as client:
+            data = client.get("/api/overview").json()
+            page = client.get("/").text
+    finally:
+        engine.dispose()
+    assert data["consumers"] == [{"consumer": "billing", "handled": 2, "dead": 1, "requeued": 0}]
+    assert '<tr data-consumer="billing"><td>billing</td><td>2</td><td>1</td><td>0</td></tr>' in page
 
 
 def test_dead_letters_page_by_keyset_newest_first(seeded: Seeded, reader: TestClient) -> None:

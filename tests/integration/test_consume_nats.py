@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,7 +30,7 @@ from outbox.message import uuid7
 from outbox.table import DEAD, inbox_message
 from relay.consume.nats import NatsSubscription
 from relay.consume.runner import Consumer
-from relay.testing.embedded import NatsServer
+from relay.testing.embedded import NatsServer, free_port
 from tests import consume_app
 from tests.helpers import migrated
 
@@ -179,6 +180,14 @@ def test_two_processes_of_one_consumer_share_the_messages(
     assert invoices(db) == {m: 1 for m, _ in sent}
 
 
+def scrape(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
+            return str(answer.read().decode())
+    except OSError:
+        return ""  # not serving yet
+
+
 def wait_for(check: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + DEADLINE_S
     while not check():
@@ -186,11 +195,12 @@ def wait_for(check: Callable[[], bool], what: str) -> None:
         time.sleep(0.05)
 
 
-def start_consumer(db: Engine, url: str, tmp_path: Path) -> subprocess.Popen[str]:
+def start_consumer(db: Engine, url: str, tmp_path: Path, *more: str) -> subprocess.Popen[str]:
     env = {**os.environ, "CONSUME_TEST_DB": db.url.render_as_string(hide_password=False),
            "CONSUME_TEST_INSIDE": str(tmp_path / "inside"),
            "CONSUME_TEST_RELEASE": str(tmp_path / "release")}  # fmt: skip
     cmd = [OUTBOX, "consume", "--app", "tests.consume_app:inbox", "--broker", f"{url}?ack_wait=1"]
+    cmd += more
     return subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -210,11 +220,17 @@ def test_a_consumer_killed_inside_a_handler_leaves_the_message_to_the_next_which
         first.send_signal(signal.SIGKILL)  # inside the held handler's transaction
         first.wait(DEADLINE_S)
     (tmp_path / "release").touch()
-    second = start_consumer(db, nats_server.url, tmp_path)
+    port = free_port()
+    second = start_consumer(db, nats_server.url, tmp_path, "--metrics-port", str(port))
     try:
         wait_for(
             lambda: len(invoices(db)) == len(sent) or second.poll() is not None, "every invoice"
         )
+        # Its metrics: what it handled, and nothing left at the broker once it acked all.
+        wait_for(lambda: 'outbox_consumer_lag_messages{consumer="billing"} 0.0' in scrape(port),
+                 "no lag in its metrics")  # fmt: skip
+        handled = 'outbox_consumer_messages_total{consumer="billing",outcome="handled"}'
+        assert handled in scrape(port)
     finally:
         second.send_signal(signal.SIGTERM)
         out, err = second.communicate(timeout=DEADLINE_S)
