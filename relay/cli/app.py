@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import TypeVar
 
 from outbox import Outbox
 from outbox.errors import ConfigError
@@ -64,23 +65,32 @@ def app_db(ob: Outbox, spec: str) -> str:
 
 def load_app(spec: str) -> Outbox:
     """The Outbox ``spec`` (``module:attr``) names; a UsageError naming --app otherwise."""
+    return load_object(spec, Outbox, "myshop.outbox:ob")
+
+
+T = TypeVar("T")
+
+
+def load_object(spec: str, kind: type[T], example: str) -> T:
+    """The ``kind`` object ``spec`` (``module:attr``) names, or that a callable there
+    returns when called; a UsageError naming --app otherwise."""
     module_name, colon, path = spec.partition(":")
     if not (colon and module_name and path):
-        raise UsageError(f"{FLAG}: {spec!r} must be MODULE:ATTR, e.g. myshop.outbox:ob")
+        raise UsageError(f"{FLAG}: {spec!r} must be MODULE:ATTR, e.g. {example}")
     found: object = import_app_module(module_name)
     for attr in path.split("."):
         if not hasattr(found, attr):
             raise UsageError(f"{FLAG}: module {module_name!r} has no attribute {path!r}")
         found = getattr(found, attr)
-    if not isinstance(found, Outbox) and callable(found):
+    if not isinstance(found, kind) and callable(found):
         try:
             found = found()
         except Exception as exc:  # the app's own factory failed: say so, in one line
             raise UsageError(f"{FLAG}: calling {spec!r} failed: {describe(exc)}") from exc
-    if not isinstance(found, Outbox):
+    if not isinstance(found, kind):
         raise UsageError(
-            f"{FLAG}: {spec!r} is of type {type(found).__name__}, not an Outbox "
-            "(or a callable returning one)"
+            f"{FLAG}: {spec!r} is of type {type(found).__name__}, not an {kind.__name__} "
+            f"(or a callable returning one)"
         )
     return found
 

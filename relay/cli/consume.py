@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 
 from outbox.inbox import Inbox
-from relay.cli.app import describe, import_app_module
+from relay.cli.app import load_object
 from relay.cli.common import EXIT_OK, PORT, Commands, UsageError, add_broker_flag
 from relay.consume.runner import run_until_signalled
 
@@ -56,24 +56,7 @@ def add_consume(commands: Commands) -> None:
 
 def load_inbox(spec: str) -> Inbox:
     """The Inbox ``spec`` names; a UsageError naming --app otherwise."""
-    module_name, colon, path = spec.partition(":")
-    if not (colon and module_name and path):
-        raise UsageError(f"{FLAG}: {spec!r} must be MODULE:ATTR, e.g. myshop.billing:inbox")
-    found: object = import_app_module(module_name)
-    for attr in path.split("."):
-        if not hasattr(found, attr):
-            raise UsageError(f"{FLAG}: module {module_name!r} has no attribute {path!r}")
-        found = getattr(found, attr)
-    if not isinstance(found, Inbox) and callable(found):
-        try:
-            found = found()
-        except Exception as exc:
-            raise UsageError(f"{FLAG}: calling {spec!r} failed: {describe(exc)}") from exc
-    if not isinstance(found, Inbox):
-        raise UsageError(
-            f"{FLAG}: {spec!r} is of type {type(found).__name__}, not an Inbox "
-            "(or a callable returning one)"
-        )
+    found = load_object(spec, Inbox, "myshop.billing:inbox")
     if not found.bound:
         raise UsageError(f"{FLAG}: the Inbox {spec!r} is not bound to a database")
     return found

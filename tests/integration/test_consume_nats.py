@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +20,7 @@ from typing import Any
 
 import nats
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, select
 
 from outbox.inbox import Inbox, InboxMessage
 from outbox.message import uuid7
@@ -32,12 +29,12 @@ from relay.consume.nats import NatsSubscription
 from relay.consume.runner import Consumer
 from relay.testing.embedded import NatsServer, free_port
 from tests import consume_app
+from tests.consuming import DEADLINE_S, invoices, run_until, scrape, start_consume, total, wait_for
 from tests.helpers import migrated
 
 Sent = list[tuple[str, dict[str, Any]]]
 ROOT = Path(__file__).resolve().parents[2]
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
-DEADLINE_S = 60.0
 
 
 @pytest.fixture
@@ -92,32 +89,9 @@ async def consume_until(
 ) -> list[Consumer]:
     """Run ``processes`` consumers of ``inbox`` (each its own subscription) until
     ``done(consumers)`` or the deadline."""
-    stopping = asyncio.Event()
     consumers = [Consumer(inbox, NatsSubscription(url, inbox.consumer, inbox.patterns), batch=4)
                  for _ in range(processes)]  # fmt: skip
-    tasks = [asyncio.create_task(c.run(stopping)) for c in consumers]
-    deadline = time.monotonic() + DEADLINE_S
-    while not done(consumers) and time.monotonic() < deadline:
-        if any(task.done() for task in tasks):
-            break
-        await asyncio.sleep(0.05)
-    stopping.set()
-    await asyncio.gather(*tasks)
-    return consumers
-
-
-def total(consumers: list[Consumer], outcome: str) -> int:
-    return sum(c.counts[outcome] for c in consumers)
-
-
-def invoices(db: Engine) -> dict[str, int]:
-    with db.connect() as conn:
-        rows = conn.execute(
-            select(consume_app.invoice.c.msg_id, func.count()).group_by(
-                consume_app.invoice.c.msg_id
-            )
-        )
-        return {m: n for m, n in rows}
+    return await run_until(consumers, done)
 
 
 def test_copies_at_the_broker_are_acked_without_running_the_handler(
@@ -180,39 +154,13 @@ def test_two_processes_of_one_consumer_share_the_messages(
     assert invoices(db) == {m: 1 for m, _ in sent}
 
 
-def scrape(port: int) -> str:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
-            return str(answer.read().decode())
-    except OSError:
-        return ""  # not serving yet
-
-
-def wait_for(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def start_consumer(db: Engine, url: str, tmp_path: Path, *more: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "CONSUME_TEST_DB": db.url.render_as_string(hide_password=False),
-           "CONSUME_TEST_INSIDE": str(tmp_path / "inside"),
-           "CONSUME_TEST_RELEASE": str(tmp_path / "release")}  # fmt: skip
-    cmd = [OUTBOX, "consume", "--app", "tests.consume_app:inbox", "--broker", f"{url}?ack_wait=1"]
-    cmd += more
-    return subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-
-
 def test_a_consumer_killed_inside_a_handler_leaves_the_message_to_the_next_which_handles_it_once(
     db: Engine, nats_server: NatsServer, topic: str, tmp_path: Path
 ) -> None:
     held: tuple[str, dict[str, Any]] = (str(uuid7()), {"amount": 1, "hold": True})
     sent = [*orders(3), held, *orders(3)]
     asyncio.run(publish(nats_server.url, sent))
-    first = start_consumer(db, nats_server.url, tmp_path)
+    first = start_consume(db, f"{nats_server.url}?ack_wait=1", tmp_path)
     try:
         wait_for(lambda: (tmp_path / "inside").exists() or first.poll() is not None, "the handler")
         assert first.poll() is None, first.communicate()
@@ -221,7 +169,9 @@ def test_a_consumer_killed_inside_a_handler_leaves_the_message_to_the_next_which
         first.wait(DEADLINE_S)
     (tmp_path / "release").touch()
     port = free_port()
-    second = start_consumer(db, nats_server.url, tmp_path, "--metrics-port", str(port))
+    second = start_consume(
+        db, f"{nats_server.url}?ack_wait=1", tmp_path, "--metrics-port", str(port)
+    )
     try:
         wait_for(
             lambda: len(invoices(db)) == len(sent) or second.poll() is not None, "every invoice"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -25,7 +24,7 @@ from typing import NamedTuple
 
 import aio_pika
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, select
 
 from outbox.inbox import Inbox, InboxMessage
 from outbox.message import Message, build_message
@@ -34,11 +33,11 @@ from relay.brokers.rabbitmq import RabbitBroker
 from relay.consume.rabbitmq import RabbitSubscription, relay_id, routing_key
 from relay.consume.runner import Consumer
 from tests import consume_app
+from tests.consuming import DEADLINE_S, invoices, run_until, start_consume, total, wait_for
 from tests.helpers import migrated
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
-DEADLINE_S = 60.0
 SERVER = "amqp://guest:guest@127.0.0.1:5672/"
 
 
@@ -109,28 +108,9 @@ async def consume_until(
 ) -> list[Consumer]:
     """Run ``processes`` consumers of ``inbox`` (each its own connection) until
     ``done(consumers)`` or the deadline."""
-    stopping = asyncio.Event()
     consumers = [Consumer(inbox, RabbitSubscription(url, inbox.consumer, inbox.patterns), batch=4)
                  for _ in range(processes)]  # fmt: skip
-    tasks = [asyncio.create_task(c.run(stopping)) for c in consumers]
-    deadline = time.monotonic() + DEADLINE_S
-    while not done(consumers) and time.monotonic() < deadline:
-        if any(task.done() for task in tasks):
-            break
-        await asyncio.sleep(0.05)
-    stopping.set()
-    await asyncio.gather(*tasks)
-    return consumers
-
-
-def total(consumers: list[Consumer], outcome: str) -> int:
-    return sum(c.counts[outcome] for c in consumers)
-
-
-def invoices(db: Engine) -> dict[str, int]:
-    column = consume_app.invoice.c.msg_id
-    with db.connect() as conn:
-        return {m: n for m, n in conn.execute(select(column, func.count()).group_by(column))}
+    return await run_until(consumers, done)
 
 
 def test_patterns_bind_as_amqp_routing_keys() -> None:
@@ -229,32 +209,19 @@ def test_two_processes_of_one_consumer_share_the_queue(db: Engine, rabbit: Rabbi
     assert invoices(db) == {m.msg_id: 1 for m in sent}
 
 
-def wait_for(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def start_consumer(db: Engine, rabbit: Rabbit, tmp_path: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "CONSUME_TEST_DB": db.url.render_as_string(hide_password=False),
-           "CONSUME_TEST_CONSUMER": rabbit.consumer,
-           "CONSUME_TEST_INSIDE": str(tmp_path / "inside"),
-           "CONSUME_TEST_RELEASE": str(tmp_path / "release")}  # fmt: skip
-    app = f"{__name__}:inbox"
-    cmd = [OUTBOX, "consume", "--app", app, "--broker", rabbit.url]
-    return subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-
-
 def test_a_consumer_killed_inside_a_handler_leaves_the_message_to_the_next_which_handles_it_once(
     db: Engine, rabbit: Rabbit, tmp_path: Path
 ) -> None:
     held = build_message("bill.created", {"amount": 1, "hold": True}, max_payload_bytes=1000)
     sent = [*orders(3), held, *orders(3)]
     publish(rabbit.url, sent)
-    first = start_consumer(db, rabbit, tmp_path)
+    first = start_consume(
+        db,
+        rabbit.url,
+        tmp_path,
+        app=f"{__name__}:inbox",
+        env={"CONSUME_TEST_CONSUMER": rabbit.consumer},
+    )
     try:
         wait_for(lambda: (tmp_path / "inside").exists() or first.poll() is not None, "the handler")
         assert first.poll() is None, first.communicate()
@@ -262,7 +229,13 @@ def test_a_consumer_killed_inside_a_handler_leaves_the_message_to_the_next_which
         first.send_signal(signal.SIGKILL)  # inside the held handler's transaction
         first.wait(DEADLINE_S)
     (tmp_path / "release").touch()
-    second = start_consumer(db, rabbit, tmp_path)
+    second = start_consume(
+        db,
+        rabbit.url,
+        tmp_path,
+        app=f"{__name__}:inbox",
+        env={"CONSUME_TEST_CONSUMER": rabbit.consumer},
+    )
     try:
         wait_for(
             lambda: len(invoices(db)) == len(sent) or second.poll() is not None, "every invoice"
