@@ -29,6 +29,8 @@ from outbox.message import (
     carried_headers,
     encode_payload,
     encoded_size,
+    headers_bound,
+    headers_size,
     recheck,
     uuid7,
     uuid7_text,
@@ -254,6 +256,24 @@ def test_uuid7_unique_across_threads() -> None:
     for t in threads:
         t.join()
     assert len(set(seen)) == 16_000
+
+
+@pytest.mark.parametrize("text", ["a", "\u00e9\u00e9", "\u4e2d\u6587", "\U0001f600x", "k" * 200])
+@pytest.mark.parametrize("ordered", [False, True])
+def test_the_size_checks_shortcut_never_passes_what_the_exact_rule_refuses(
+    text: str, ordered: bool
+) -> None:
+    # check_size skips encoding the headers when 4 bytes a character fit: that count is
+    # never below the exact one, so the verdict at every limit is the exact rule's.
+    message = build(key=text if ordered else None, ordered=ordered, tags=[text],
+                    headers={"X-Text": text})  # fmt: skip
+    assert headers_bound(message) >= headers_size(message)
+    exact = encoded_size(message)
+    build(key=text if ordered else None, ordered=ordered, tags=[text], headers={"X-Text": text},
+          max_payload_bytes=exact)  # fmt: skip
+    with pytest.raises(PayloadTooLarge):
+        build(key=text if ordered else None, ordered=ordered, tags=[text],
+              headers={"X-Text": text}, max_payload_bytes=exact - 1)  # fmt: skip
 
 
 def test_uuid7_text_is_the_canonical_text_of_a_uuid7() -> None:
