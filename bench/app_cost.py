@@ -2,6 +2,7 @@
 
     python -m bench.app_cost [--seconds 5] [--repeat 3]
     python -m bench.app_cost profile --rate 200 --threads 1 --seconds 10   # under py-spy
+    python -m bench.app_cost micro --repeat 9   # send()'s own CPU, SQLite in memory
 
 The transaction is a business row (an INSERT into ``bench_receipt``) and, in turn:
   1. nothing more (the business row only);
@@ -38,6 +39,7 @@ from typing import Any
 import nats
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import StaticPool
 
 from bench.fast_path import (
     bench_schema,
@@ -51,6 +53,7 @@ from bench.fast_path import (
 )
 from bench.report import print_rows
 from outbox import Outbox, migrate
+from outbox.message import build_message
 from outbox.table import outbox_message
 from relay.testing.embedded import NatsServer
 
@@ -323,6 +326,42 @@ def profile(args: argparse.Namespace) -> None:
         engine.dispose()
 
 
+def micro(args: argparse.Namespace) -> None:
+    """send()'s own CPU, without a server: SQLite in memory, one thread, the least CPU per
+    transaction over ``--repeat`` turns (a loaded machine only ever adds to it)."""
+    engine = create_engine("sqlite://", poolclass=StaticPool)
+    migrate.upgrade(engine)
+    business.create_all(engine)
+    ob = Outbox(engine, broker="nats://127.0.0.1:1")  # never started
+    works: dict[str, Work] = {
+        VARIANTS[0]: business_only(engine),
+        VARIANTS[1]: bare_insert(engine),
+        VARIANTS[2]: with_send(ob),
+        "build_message() alone": build_only,
+    }
+    for work in works.values():
+        cpu_per_call(work, 500)  # warm: statement caches, prepared forms
+    least = dict.fromkeys(works, float("inf"))
+    for _ in range(args.repeat):
+        for name, work in works.items():
+            least[name] = min(least[name], cpu_per_call(work, 2000))
+    rows = [(name, f"{us:.1f}") for name, us in least.items()]
+    rows.append(("send() over the bare INSERT", f"{least[VARIANTS[2]] - least[VARIANTS[1]]:.1f}"))
+    print_rows(f"app-thread CPU us per call, SQLite in memory, least of {args.repeat}", rows)
+    engine.dispose()
+
+
+def build_only(n: int) -> None:
+    build_message(TOPIC, payload(n), max_payload_bytes=1 << 20)
+
+
+def cpu_per_call(work: Work, calls: int) -> float:
+    started = time.thread_time()
+    for n in range(calls):
+        work(n)
+    return (time.thread_time() - started) / calls * 1e6
+
+
 def relay_cpu() -> dict[str, float]:
     """CPU seconds used so far by the relay's live threads, by name."""
     used: dict[str, float] = {}
@@ -334,7 +373,9 @@ def relay_cpu() -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("cmd", nargs="?", default="measure", choices=("measure", "profile"))
+    parser.add_argument(
+        "cmd", nargs="?", default="measure", choices=("measure", "profile", "micro")
+    )
     parser.add_argument("--seconds", type=float, default=5, help="seconds per variant and round")
     parser.add_argument("--slice", type=float, default=1.0, help="variants take turns this long")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (medians are shown)")
@@ -344,6 +385,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.cmd == "profile":
         profile(args)
+    elif args.cmd == "micro":
+        micro(args)
     else:
         measure(args)
 
