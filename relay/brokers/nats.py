@@ -75,7 +75,9 @@ TIMED_OUT = f"TimeoutError: {nats.errors.TimeoutError()}"  # what js.publish's t
 
 def sent_headers(message: Message) -> dict[str, str]:
     """What the adapter sends as headers: the carried headers and the dedup id."""
-    return {**carried_headers(message), DEDUP_HEADER: message.msg_id}
+    headers = carried_headers(message)  # a new dict: one copy, not two
+    headers[DEDUP_HEADER] = message.msg_id
+    return headers
 
 
 def header_size(headers: Mapping[str, str]) -> int:
