@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 __all__ = ["Inbox", "InboxMessage", "Outcome", "Result"]
 
 t = inbox_message
+RECORD = insert(t)
 MAX_ATTEMPTS = 5
 KEEP_DAYS = 7.0  # how long a handled msg_id is remembered: longer than any copy can come
 PURGE_BATCH = 1000
@@ -226,7 +227,7 @@ class Inbox(Binding):
         row = {"consumer": self.consumer, "msg_id": message.msg_id, "topic": message.topic,
                "key": message.key, "seq": message.seq}  # fmt: skip
         try:
-            session.execute(insert(t).values(**row))
+            session.execute(RECORD, row)  # one statement, built once: its compiled form cached
         except IntegrityError as exc:
             raise Duplicate from exc
         if message.seq is None or message.key is None:
