@@ -34,7 +34,7 @@ PROBE = Path(__file__).with_name("install_probe.py")
 EXTRAS = set(
     tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 )
-CHECKOUT_ONLY = {"dev", "bench", "peers", "demo", "examples"}  # the checkout's, not users'
+CHECKOUT_ONLY = {"dev", "bench", "peers", "demo", "examples", "docs"}  # the checkout's, not users'
 USER_EXTRAS = EXTRAS - CHECKOUT_ONLY
 PIP_LINE = re.compile(r"outbox-relay\[([^\]]*)\]")
 DATA_FOLDERS = ["relay/lab/compare/templates", "relay/dashboard/templates",
