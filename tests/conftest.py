@@ -30,8 +30,9 @@ from tests.helpers import migrated
 os.environ.setdefault("OUTBOX_SPARK_CDS", "off")
 
 PG_URL = os.environ.get("OUTBOX_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-# The browser tests' fixtures: `browser` (one headless chromium) and `page`.
-pytest_plugins = ["tests.browser"]
+# The browser tests' fixtures: `browser` (one headless chromium) and `page`; the xdist
+# groups below and the files' own marks taking effect on pytest 9.2 (tests.xdist_groups).
+pytest_plugins = ["tests.browser", "tests.xdist_groups"]
 
 SPARK_FIXTURES = {"spark", "spark_cluster"}
 MARIADB_URL = os.environ.get("OUTBOX_TEST_MARIADB", "mysql+pymysql://root@127.0.0.1:3306/test")
