@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -40,6 +41,9 @@ PIP_LINE = re.compile(r"outbox-relay\[([^\]]*)\]")
 DATA_FOLDERS = ["relay/lab/compare/templates", "relay/dashboard/templates",
                 "relay/dashboard/static", "spark_jobs/templates"]  # fmt: skip
 INSTALL_TIMEOUT_S = 600  # a cold pip cache downloads pyspark (~300 MB)
+# One worker runs this file and test_install_floors.py: the session fixtures (the wheel,
+# every case's virtualenv) are built per xdist worker, and `installs` makes them all.
+pytestmark = pytest.mark.xdist_group("install")
 
 
 def documented() -> set[tuple[str, ...]]:
@@ -128,8 +132,9 @@ class Installs:
 def installs(
     request: pytest.FixtureRequest, wheel: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Installs]:
-    selected = [item.callspec.params["extras"] for item in request.session.items
-                if item.name.startswith("test_the_wheel_")]  # fmt: skip
+    selected = [cast(tuple[str, ...], item.callspec.params["extras"])
+                for item in request.session.items if isinstance(item, pytest.Function)
+                and item.name.startswith("test_the_wheel_")]  # fmt: skip
     installs = Installs(wheel, tmp_path_factory.mktemp("venvs"), selected)
     yield installs
     installs.close()

@@ -17,6 +17,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
 from tests.acceptance.test_install import ROOT, pip
@@ -27,6 +28,7 @@ PROBE = Path(__file__).with_name("floor_probe.py")
 # platforms (2.1 no longer does; the async extra asks for it there).
 PULLED_BY_THE_CORE = {"greenlet"}
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+pytestmark = pytest.mark.xdist_group("install")  # on test_install.py's worker: one wheel
 
 
 def floors() -> dict[str, tuple[str, str]]:
