@@ -31,6 +31,7 @@ transaction makes it give up and try again later rather than queue every sender 
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -102,6 +103,7 @@ def is_partition_name(name: str | None) -> bool:
     return name is not None and (name in (DEFAULT, LEGACY) or DAY_NAME.fullmatch(name) is not None)
 
 
+@functools.cache
 def default_table() -> Table:
     """The default partition as a table to delete from: on a partitioned table the
     batched retention deletes only there, so that a day is never thinned row by row (its
