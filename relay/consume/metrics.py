@@ -1,8 +1,8 @@
 """Prometheus metrics of a consumer (`outbox consume --metrics-port`), read from its
 runner when scraped: ``outbox_consumer_messages_total{consumer,outcome}`` (handled,
 duplicate, retry, held, dead, rejected, out of order) and
-``outbox_consumer_lag_messages{consumer}`` (not yet settled at the broker, where the
-broker tells: NATS JetStream)."""
+``outbox_consumer_lag_messages{consumer}`` (not yet settled at the broker: each
+subscription's ``lag``)."""
 
 from __future__ import annotations
 

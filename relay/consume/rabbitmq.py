@@ -154,6 +154,14 @@ class RabbitSubscription(Subscription):
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
 
+    async def lag(self) -> int | None:
+        """The queue's ready messages plus this process's unacked deliveries it holds."""
+        if self._queue is None:
+            return None
+        declared = await self._queue.channel.declare_queue(self._queue.name, passive=True)
+        ready = declared.declaration_result.message_count
+        return int(ready or 0) + self._arrived.qsize()
+
     async def close(self) -> None:
         for timer in self._timers:
             timer.cancel()  # the connection's close gives those messages back

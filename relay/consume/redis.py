@@ -244,6 +244,20 @@ class RedisSubscription(Subscription):
 
         return Delivery(msg_id, topic, fields.get(b"payload", b""), headers, n, ack, retry, reject)
 
+    async def lag(self) -> int | None:
+        """The group's entries not yet delivered (Redis 7's lag) plus those pending."""
+        total = 0
+        for key in self._keys:
+            for group in await self.client.xinfo_groups(key):
+                name = group.get("name")
+                if (name.decode() if isinstance(name, bytes) else name) != self.group:
+                    continue
+                lag = group.get("lag")
+                if lag is None:  # Redis < 7 or a trimmed stream: unknown
+                    return None
+                total += int(lag) + int(group.get("pending") or 0)
+        return total
+
     async def close(self) -> None:
         client, self._client = self._client, None
         if client is None:

@@ -264,3 +264,17 @@ def test_a_message_the_outbox_did_not_send_is_rejected(db: Engine, rabbit: Rabbi
         )
     )
     assert (total(seen, "rejected"), total(seen, "handled")) == (1, 1)
+
+
+def test_the_lag_is_what_waits_in_the_queue(rabbit: Rabbit) -> None:
+    publish(rabbit.url, orders(6))
+
+    async def lag() -> int | None:
+        subscription = RabbitSubscription(rabbit.url, rabbit.consumer, ["bill.*"])
+        await subscription.open()
+        try:
+            return await subscription.lag()
+        finally:
+            await subscription.close()
+
+    assert asyncio.run(lag()) == 6

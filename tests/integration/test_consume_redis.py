@@ -230,3 +230,21 @@ def test_an_entry_the_relay_did_not_write_is_rejected(db: Engine, url: str) -> N
         consume_until(consume_app.build(db), url, lambda c: total(c, "handled") >= 1)
     )
     assert (total(seen, "rejected"), total(seen, "handled")) == (1, 1)
+
+
+def test_the_lag_is_what_the_group_has_not_settled(url: str) -> None:
+    publish(url, orders(6))
+
+    async def lag() -> tuple[int | None, int | None]:
+        subscription = RedisSubscription(url, "billing", ["bill.*"])
+        await subscription.open()
+        try:
+            before = await subscription.lag()
+            taken = await subscription.fetch(2, 1.0)
+            for delivery in taken:
+                await delivery.ack()
+            return before, await subscription.lag()
+        finally:
+            await subscription.close()
+
+    assert asyncio.run(lag()) == (6, 4)
