@@ -44,7 +44,7 @@ from sqlalchemy.exc import OperationalError
 
 from outbox.dialects import dialect_for
 from outbox.errors import OutboxError
-from outbox.table import CANCELED, PENDING, SENT, outbox_message
+from outbox.table import CANCELED, DEAD, PENDING, SENT, SKIPPED, outbox_message
 
 TABLE = "outbox_message"
 DEFAULT = f"{TABLE}_default"
@@ -266,11 +266,18 @@ def drop_expired(engine: Engine, older_than: datetime) -> Dropped:
 
 def kept_rows(name: str) -> str:
     """The rows of partition ``name`` that retention keeps at ``:older_than`` (what
-    relay.store.purge_sent would not delete)."""
-    return (
-        f"SELECT * FROM {name} WHERE NOT ((status = '{SENT}' AND sent_at < :older_than) "
-        f"OR (status = '{CANCELED}' AND created_at < :older_than))"
-    )
+    relay.store.purge_sent would not delete), one branch per status so that each reads
+    its partial index (pending, dead, skipped and canceled, sent by sent_at): the move
+    runs under the table's lock, and a day's sent rows must not be scanned there."""
+    branches = [
+        f"status = '{PENDING}' AND deliver_at IS NULL",
+        f"status = '{PENDING}' AND deliver_at IS NOT NULL",
+        f"status = '{DEAD}'",
+        f"status = '{SKIPPED}'",
+        f"status = '{SENT}' AND sent_at >= :older_than",
+        f"status = '{CANCELED}' AND created_at >= :older_than",
+    ]
+    return " UNION ALL ".join(f"SELECT * FROM {name} WHERE {where}" for where in branches)
 
 
 def drop_day(engine: Engine, name: str, older_than: datetime) -> tuple[int, int] | None:
