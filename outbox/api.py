@@ -125,9 +125,7 @@ class Outbox(RelayLifecycle, Transactions):
 
     def _relay_class(self) -> Any:
         """The relay, for start() (and a forked child's first send(), which starts one)."""
-        from relay.runtime import Relay  # the app's one import of the relay layer
-
-        return Relay
+        return relay_runtime().Relay
 
     def __repr__(self) -> str:
         db = None if self._engine is None else url_of(self._engine)
@@ -338,3 +336,11 @@ def with_trace_context(headers: object) -> object:
     # Names are unique ignoring case: the caller's "Traceparent" replaces "traceparent".
     given = {name.lower() for name in headers if isinstance(name, str)}
     return {**{k: v for k, v in context.items() if k.lower() not in given}, **headers}
+
+
+def relay_runtime() -> Any:
+    """relay.runtime, imported when first asked: the app layer's one import of the relay
+    layer, for Outbox.start() and Inbox.run()."""
+    from relay import runtime
+
+    return runtime

@@ -38,6 +38,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import aio
+from outbox.api import relay_runtime
 from outbox.binding import Binding
 from outbox.consumer import (
     AsyncHandler,
@@ -294,16 +295,12 @@ class Inbox(Binding):
     def run(self, broker: str) -> dict[str, int]:
         """Consume from ``broker`` (a nats:// URL) until SIGINT or SIGTERM, in this thread
         (the main one): what ``outbox consume --app`` runs. The counts by outcome."""
-        from relay.consume.runner import run_until_signalled  # the runtime: the relay's
-
-        return dict(run_until_signalled(self, broker))
+        return dict(relay_runtime().consume_until_signalled(self, broker))
 
     async def run_async(self, broker: str, stopping: Any = None) -> dict[str, int]:
         """Consume from ``broker`` on the running loop until ``stopping`` (an
         ``asyncio.Event``) is set; the counts by outcome."""
-        from relay.consume.runner import run
-
-        return dict(await run(self, broker, stopping))
+        return dict(await relay_runtime().consume(self, broker, stopping))
 
     # The dedup window
 

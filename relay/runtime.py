@@ -42,6 +42,8 @@ from outbox.message import Message
 from outbox.secrets import mask_url
 from outbox.settings import Settings
 from relay.brokers import broker_for
+from relay.consume.runner import run as consume
+from relay.consume.runner import run_until_signalled as consume_until_signalled
 from relay.fastpath.acks import sql_finisher, sql_heads, sql_verifier
 from relay.fastpath.dispatcher import Dispatcher
 from relay.listener import Listeners
@@ -51,7 +53,9 @@ from relay.sweep.jobs import SweeperJobs
 from relay.sweep.scheduler import Scheduler
 from relay.sweep.sweeper import Sweeper
 
-__all__ = ["Relay"]
+# What the app layer reaches through its one seam (outbox.api.relay_runtime): the relay
+# for Outbox.start(), an inbox's runner for Inbox.run() and run_async().
+__all__ = ["Relay", "consume", "consume_until_signalled"]
 
 log = logging.getLogger("relay.runtime")
 # A Relay left running at exit gets this long to finish its publishes and acks: what it

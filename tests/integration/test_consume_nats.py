@@ -203,3 +203,23 @@ def test_a_message_the_outbox_did_not_send_is_rejected(
         consume_until(consume_app.build(db), nats_server.url, lambda c: total(c, "handled") >= 1)
     )
     assert (total(seen, "rejected"), total(seen, "handled")) == (1, 1)
+
+
+def test_an_app_embeds_the_runner_with_run_async(
+    db: Engine, nats_server: NatsServer, topic: str
+) -> None:
+    sent = orders(3)
+    asyncio.run(publish(nats_server.url, sent))
+    inbox = consume_app.build(db)
+
+    async def embedded() -> dict[str, int]:
+        stopping = asyncio.Event()
+        task = asyncio.create_task(inbox.run_async(nats_server.url, stopping))
+        deadline = time.monotonic() + DEADLINE_S
+        while len(invoices(db)) < len(sent) and not task.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        stopping.set()
+        return await task
+
+    assert asyncio.run(embedded()) == {"handled": 3}
+    assert invoices(db) == {m: 1 for m, _ in sent}
