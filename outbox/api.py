@@ -85,24 +85,12 @@ class Outbox(RelayLifecycle, Transactions):
         self._no_broker = no_broker(broker)  # an empty OUTBOX_BROKER: no relay in this process
         self.broker = None if self._no_broker else check_broker(broker)
         self.broker_url = self.broker if isinstance(self.broker, str) else None
-        self._engine: Engine | None = None  # None until bound
-        self._owns_engine = False
-        self._async_engine: AsyncEngine | None = None
-        self._owns_async_engine = True
-        self._made_session_factory = not isinstance(session_factory, sessionmaker)
-        self.session_factory: sessionmaker[Session] = sessionmaker()  # bound by bind()
-        self._async_factory: async_sessionmaker[AsyncSession] | None = None
-        if aio.is_async_factory(session_factory):
-            self._async_factory = session_factory
-        elif session_factory is not None:
-            self.session_factory = session_factory
-        self._made_async_factory = self._async_factory is None  # made on first async use
+        self._unbound(session_factory)
         self._current: ContextVar[Session | None] = ContextVar("outbox_session", default=None)
         self._current_async: ContextVar[tuple[AsyncSession, object] | None] = ContextVar(
             "outbox_async_session", default=None
         )
-        self.sweeper = sweeper
-        self._relay = None  # the last one started (kept after stop: its stats)
+        self.sweeper = sweeper  # self._relay: the last one started (kept after stop: its stats)
         self._count_lock = threading.Lock()
         self._listeners: tuple[RelayListener, ...] = () if listener is None else (listener,)
         self.committed = 0  # messages whose transaction committed, seen by this process

@@ -6,7 +6,7 @@ the AsyncEngine of an async app, and the session factories bound to them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from sqlalchemy import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -42,6 +42,21 @@ class Binding:
     _async_factory: async_sessionmaker[AsyncSession] | None
     _made_async_factory: bool
     _relay: Running | None
+
+    def _unbound(self, session_factory: Any) -> None:
+        """No database yet (``bind()`` gives one); the app's own session factory, sync or
+        async, where it gives one, else ours, bound by ``bind()`` or made on first use."""
+        self._engine, self._owns_engine = None, False
+        self._async_engine, self._owns_async_engine = None, True
+        self._made_session_factory = not isinstance(session_factory, sessionmaker)
+        self.session_factory = sessionmaker()
+        self._async_factory = None
+        if aio.is_async_factory(session_factory):
+            self._async_factory = session_factory
+        elif session_factory is not None:
+            self.session_factory = session_factory
+        self._made_async_factory = self._async_factory is None
+        self._relay = None
 
     @property
     def engine(self) -> Engine:

@@ -25,6 +25,7 @@ lets only one of two concurrent copies run its handler to the commit.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import re
 import time
@@ -35,9 +36,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import CursorResult, Engine, and_, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
-from outbox import aio
 from outbox.api import relay_runtime
 from outbox.binding import Binding
 from outbox.consumer import (
@@ -123,17 +123,7 @@ class Inbox(Binding):
         self.backoff_s = check_backoff(backoff_s)
         self.handlers: list[tuple[re.Pattern[str], str, Handler]] = []
         self.settings = Settings()
-        self._engine, self._owns_engine = None, False
-        self._async_engine, self._owns_async_engine = None, True
-        self._made_session_factory = not isinstance(session_factory, sessionmaker)
-        self.session_factory = sessionmaker()
-        self._async_factory = None
-        if aio.is_async_factory(session_factory):
-            self._async_factory = session_factory
-        elif session_factory is not None:
-            self.session_factory = session_factory
-        self._made_async_factory = self._async_factory is None
-        self._relay = None
+        self._unbound(session_factory)
         if db is not None:
             self.bind(db)
 
@@ -196,8 +186,6 @@ class Inbox(Binding):
         runs in a worker thread."""
         fn = self.handler_for(message.topic)
         if fn is None or not is_async(fn):
-            import asyncio
-
             return await asyncio.to_thread(self.handle, message, attempt)
         run = cast(AsyncHandler, fn)
         try:
@@ -243,9 +231,9 @@ class Inbox(Binding):
         assert message.seq is not None
         key = and_(t.c.consumer == self.consumer, t.c.topic == message.topic,
                    t.c.key == message.key, t.c.msg_id != message.msg_id)  # fmt: skip
-        before = session.execute(select(func.max(t.c.seq)).where(key, t.c.seq < message.seq))
-        after = session.execute(select(func.min(t.c.seq)).where(key, t.c.seq > message.seq))
-        prev, later = before.scalar(), after.scalar()
+        before = select(func.max(t.c.seq)).where(key, t.c.seq < message.seq).scalar_subquery()
+        after = select(func.min(t.c.seq)).where(key, t.c.seq > message.seq).scalar_subquery()
+        prev, later = session.execute(select(before, after)).one()  # one round trip
         where = f"seq {message.seq} of key {message.key!r} of {message.topic}"
         if later is not None:
             return f"{where} came after seq {later}"

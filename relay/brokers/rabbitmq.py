@@ -79,6 +79,15 @@ AUDIT_CURE = (
 )
 
 
+async def topic_exchange(channel: Any, name: str) -> Any:
+    """The exchange messages go to: amq.topic as it is, or a durable topic exchange of that
+    name, declared (a BrokerRefused with the server's words when it is refused)."""
+    if name == DEFAULT_EXCHANGE:
+        return await channel.get_exchange(DEFAULT_EXCHANGE, ensure=False)
+    with refusal(f"the exchange {name!r} (a durable topic exchange)", EXCHANGE_CURE):
+        return await channel.declare_exchange(name, aio_pika.ExchangeType.TOPIC, durable=True)
+
+
 @contextmanager
 def refusal(what: str, cure: str) -> Iterator[None]:
     """RabbitMQ's refusal to declare ``what`` becomes a BrokerRefused: its reply, ``cure``."""
@@ -108,14 +117,7 @@ class RabbitBroker(Broker, LogReader):
         connection = await aio_pika.connect_robust(self.url, timeout=self.timeout * 5)
         try:
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-            if self.exchange_name == DEFAULT_EXCHANGE:
-                exchange = await channel.get_exchange(DEFAULT_EXCHANGE, ensure=False)
-            else:
-                with refusal(f"the exchange {self.exchange_name!r} (a durable topic exchange)",
-                             EXCHANGE_CURE):  # fmt: skip
-                    exchange = await channel.declare_exchange(
-                        self.exchange_name, aio_pika.ExchangeType.TOPIC, durable=True
-                    )
+            exchange = await topic_exchange(channel, self.exchange_name)
             if self.audit_queue:
                 with refusal(f"the audit queue {self.audit_queue!r} (a durable stream queue)",
                              AUDIT_CURE):  # fmt: skip

@@ -35,7 +35,7 @@ import aiormq.exceptions
 
 from outbox.errors import ConfigError, OutboxError
 from outbox.secrets import mask_url
-from relay.brokers.rabbitmq import DEFAULT_EXCHANGE, EXCHANGE_CURE, refusal
+from relay.brokers.rabbitmq import DEFAULT_EXCHANGE, refusal, topic_exchange
 from relay.consume.deliveries import Delivery, Subscription
 
 log = logging.getLogger("relay.consume")
@@ -83,14 +83,7 @@ class RabbitSubscription(Subscription):
     async def declare(self) -> aio_pika.abc.AbstractQueue:
         """The consumer's quorum queue, bound to the exchange with each pattern."""
         channel: aio_pika.abc.AbstractChannel = await self._connection.channel()
-        if self.exchange_name == DEFAULT_EXCHANGE:
-            exchange = await channel.get_exchange(DEFAULT_EXCHANGE, ensure=False)
-        else:
-            with refusal(f"the exchange {self.exchange_name!r} (a durable topic exchange)",
-                         EXCHANGE_CURE):  # fmt: skip
-                exchange = await channel.declare_exchange(
-                    self.exchange_name, aio_pika.ExchangeType.TOPIC, durable=True
-                )
+        exchange = await topic_exchange(channel, self.exchange_name)
         with refusal(f"the queue {self.consumer!r} (a durable quorum queue)", QUEUE_CURE):
             queue = await channel.declare_queue(
                 self.consumer, durable=True, arguments={"x-queue-type": "quorum"}
