@@ -15,6 +15,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine, func, select
 
+from outbox.broker import Broker
+from outbox.message import Message, build_message
 from relay.consume.runner import Consumer
 from tests import consume_app
 
@@ -65,6 +67,26 @@ def scrape(port: int) -> str:
             return str(answer.read().decode())
     except OSError:
         return ""
+
+
+def orders(n: int, **extra: object) -> list[Message]:
+    """``n`` messages of topic bill.created (tests.consume_app's handler), as send() builds them."""
+    return [build_message("bill.created", {"amount": i, **extra}, max_payload_bytes=1000)
+            for i in range(n)]  # fmt: skip
+
+
+def publish_through(broker: Broker, messages: list[Message]) -> None:
+    """Publish ``messages`` as the relay does, through its adapter ``broker``; each stored."""
+
+    async def main() -> None:
+        await broker.connect()
+        try:
+            results = await broker.publish(messages)
+        finally:
+            await broker.close()
+        assert all(r.receipt for r in results), results
+
+    asyncio.run(main())
 
 
 def start_consume(

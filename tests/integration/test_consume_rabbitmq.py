@@ -33,7 +33,16 @@ from relay.brokers.rabbitmq import RabbitBroker
 from relay.consume.rabbitmq import RabbitSubscription, relay_id, routing_key
 from relay.consume.runner import Consumer
 from tests import consume_app
-from tests.consuming import DEADLINE_S, invoices, run_until, start_consume, total, wait_for
+from tests.consuming import (
+    DEADLINE_S,
+    invoices,
+    orders,
+    publish_through,
+    run_until,
+    start_consume,
+    total,
+    wait_for,
+)
 from tests.helpers import migrated
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,24 +92,8 @@ def inbox() -> Inbox:
     return consume_app.build(os.environ["CONSUME_TEST_DB"], os.environ["CONSUME_TEST_CONSUMER"])
 
 
-def orders(n: int, **extra: object) -> list[Message]:
-    return [build_message("bill.created", {"amount": i, **extra}, max_payload_bytes=1000)
-            for i in range(n)]  # fmt: skip
-
-
 def publish(url: str, messages: list[Message]) -> None:
-    """Publish as the relay does, through its adapter (confirmed, routed)."""
-
-    async def main() -> None:
-        broker = RabbitBroker(url)
-        await broker.connect()
-        try:
-            results = await broker.publish(messages)
-        finally:
-            await broker.close()
-        assert all(r.receipt for r in results), results
-
-    asyncio.run(main())
+    publish_through(RabbitBroker(url), messages)
 
 
 async def consume_until(

@@ -31,7 +31,16 @@ from relay.consume import redis as redis_consume
 from relay.consume.redis import RedisSubscription
 from relay.consume.runner import Consumer
 from tests import consume_app
-from tests.consuming import DEADLINE_S, invoices, run_until, start_consume, total, wait_for
+from tests.consuming import (
+    DEADLINE_S,
+    invoices,
+    orders,
+    publish_through,
+    run_until,
+    start_consume,
+    total,
+    wait_for,
+)
 from tests.helpers import migrated
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,24 +66,8 @@ def url() -> Iterator[str]:
     client.close()
 
 
-def orders(n: int, **extra: object) -> list[Message]:
-    return [build_message("bill.created", {"amount": i, **extra}, max_payload_bytes=1000)
-            for i in range(n)]  # fmt: skip
-
-
 def publish(url: str, messages: list[Message]) -> None:
-    """XADD as the relay does, through its adapter."""
-
-    async def main() -> None:
-        broker = RedisBroker(url)
-        await broker.connect()
-        try:
-            results = await broker.publish(messages)
-        finally:
-            await broker.close()
-        assert all(r.receipt for r in results), results
-
-    asyncio.run(main())
+    publish_through(RedisBroker(url), messages)
 
 
 async def consume_until(
